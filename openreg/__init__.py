@@ -1,0 +1,63 @@
+"""openreg: a simulated accelerator and its driver/runtime, in pure Python.
+
+The API mirrors the CUDA runtime (see docs/runtime.md for the table). It never
+imports torch: PyTorch is one client of this runtime, through ``torch_openreg``.
+"""
+
+from . import fault
+from .copy import MemcpyKind, memcpy, memcpy_async
+from .device import (
+    DeviceProperties,
+    device_capacity,
+    device_count,
+    exchange_device,
+    get_device,
+    get_device_properties,
+    set_device,
+)
+from .errors import ErrorCode, OpenRegError
+from .event import Event
+from .memory import (
+    PointerAttributes,
+    free,
+    host_free,
+    host_malloc,
+    mem_get_info,
+    memory_used,
+    pointer_attributes,
+)
+from .memory import malloc as _malloc
+from .stream import (
+    LAUNCH_BLOCKING,
+    PRIORITY_HIGH,
+    PRIORITY_LOW,
+    Stream,
+    add_launch_observer,
+    current_stream,
+    default_stream,
+    get_stream,
+    remove_launch_observer,
+    set_stream,
+    synchronize,
+)
+
+
+def malloc(size: int, device: int | None = None) -> int:
+    """Allocate device memory on ``device`` (the current device by default)."""
+    fault.install()
+    return _malloc(size, get_device() if device is None else device)
+
+
+def launch(fn, *args, buffers=(), stream: Stream | None = None, name: str = "kernel") -> int:
+    """Queue ``fn(*args)`` on ``stream`` (the current stream by default) with ``buffers`` opened."""
+    return (stream or current_stream()).launch(fn, *args, buffers=buffers, name=name)
+
+
+__all__ = [
+    "DeviceProperties", "ErrorCode", "Event", "LAUNCH_BLOCKING", "MemcpyKind", "OpenRegError",
+    "PRIORITY_HIGH", "PRIORITY_LOW", "PointerAttributes", "Stream", "add_launch_observer",
+    "current_stream", "default_stream", "device_capacity", "device_count", "exchange_device", "free",
+    "get_device", "get_device_properties", "get_stream", "host_free", "host_malloc", "launch", "malloc",
+    "mem_get_info", "memcpy", "memcpy_async", "memory_used", "pointer_attributes",
+    "remove_launch_observer", "set_device", "set_stream", "synchronize",
+]

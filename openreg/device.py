@@ -1,0 +1,112 @@
+"""Devices of the simulated accelerator: how many, their properties, the current one.
+
+Configuration comes from the environment, read once at import, like a driver
+reading its module parameters:
+
+* ``OPENREG_DEVICE_COUNT``: number of devices (default 2).
+* ``OPENREG_DEVICE_MEMORY``: capacity of each device, e.g. ``4GiB``, ``512MiB``
+  or a byte count (default 4 GiB). Capacity is accounted, not reserved: pages
+  are only committed when a kernel or copy writes them.
+
+The current device is thread-local, like the current CUDA context.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+from dataclasses import dataclass
+
+from .errors import ErrorCode, OpenRegError
+
+_UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def parse_size(text: str) -> int:
+    """Parse ``"4GiB"``, ``"512M"``, ``"1048576"`` into a byte count."""
+    match = re.fullmatch(r"\s*(\d+)\s*([KMGT]?)(?:I?B)?\s*", text.upper())
+    if not match:
+        raise OpenRegError(ErrorCode.INVALID_VALUE, f"cannot parse memory size {text!r}")
+    return int(match.group(1)) * _UNITS[match.group(2)]
+
+
+def _env_count() -> int:
+    raw = os.environ.get("OPENREG_DEVICE_COUNT", "2")
+    if not raw.strip().isdigit():
+        raise OpenRegError(ErrorCode.INVALID_VALUE, f"OPENREG_DEVICE_COUNT={raw!r} is not a count")
+    return int(raw)
+
+
+_COUNT = _env_count()
+_CAPACITY = parse_size(os.environ.get("OPENREG_DEVICE_MEMORY", "4GiB"))
+
+
+@dataclass(frozen=True)
+class DeviceProperties:
+    """What ``cudaGetDeviceProperties`` would report, for the simulated device."""
+
+    index: int
+    name: str
+    total_memory: int
+    major: int
+    minor: int
+    multi_processor_count: int
+
+
+# LITERALINCLUDE START: RUNTIME DEVICE
+def device_count() -> int:
+    """Number of simulated devices (``OPENREG_DEVICE_COUNT``)."""
+    return _COUNT
+
+
+def check_device(index: int) -> int:
+    """Return ``index`` if it names a device, else raise INVALID_DEVICE."""
+    if not isinstance(index, int) or isinstance(index, bool) or not 0 <= index < _COUNT:
+        raise OpenRegError(
+            ErrorCode.INVALID_DEVICE,
+            f"invalid device ordinal {index!r}: openreg has {_COUNT} device(s)"
+            + (f", valid ordinals are 0..{_COUNT - 1}" if _COUNT else ""),
+        )
+    return index
+
+
+_local = threading.local()
+
+
+def get_device() -> int:
+    """The calling thread's current device (0 until set, like a fresh CUDA thread)."""
+    return getattr(_local, "device", 0)
+
+
+def set_device(index: int) -> None:
+    """Make ``index`` the calling thread's current device."""
+    _local.device = check_device(index)
+
+
+def exchange_device(index: int) -> int:
+    """Set the current device and return the previous one (for device guards)."""
+    previous = get_device()
+    if index != previous:
+        set_device(index)
+    return previous
+# LITERALINCLUDE END: RUNTIME DEVICE
+
+
+def get_device_properties(index: int) -> DeviceProperties:
+    """Static properties of a device."""
+    check_device(index)
+    return DeviceProperties(
+        index=index,
+        name="OpenReg Simulated Device",
+        total_memory=_CAPACITY,
+        major=1,
+        minor=0,
+        multi_processor_count=os.cpu_count() or 1,
+    )
+
+
+def device_capacity(index: int) -> int:
+    """Bytes of memory the device has."""
+    check_device(index)
+    return _CAPACITY

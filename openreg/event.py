@@ -1,0 +1,78 @@
+"""Events: points recorded on a stream, for ordering and timing (``cudaEvent_t``)."""
+
+from __future__ import annotations
+
+import time
+
+from .device import check_device, get_device
+from .errors import ErrorCode, OpenRegError
+from .stream import Stream, _Queue, current_stream
+
+
+class Event:
+    """A marker on a stream. ``enable_timing`` makes it take a timestamp when reached."""
+
+    def __init__(self, enable_timing: bool = False, device: int | None = None) -> None:
+        self.enable_timing = bool(enable_timing)
+        self.device = None if device is None else check_device(device)
+        self._queue: _Queue | None = None
+        self._seq = 0
+        self._time_ns: int | None = None
+
+    def __repr__(self) -> str:
+        return f"openreg.Event(device={self.device}, enable_timing={self.enable_timing}, recorded={self._queue is not None})"
+
+    # LITERALINCLUDE START: EVENT RECORD
+    def record(self, stream: Stream | None = None) -> None:
+        """Capture all work launched on ``stream`` so far (current stream by default)."""
+        stream = current_stream(get_device() if self.device is None else self.device) if stream is None else stream
+        if self.device is not None and stream.device != self.device:
+            raise OpenRegError(
+                ErrorCode.INVALID_HANDLE,
+                f"event on openreg:{self.device} cannot be recorded on a stream of openreg:{stream.device}",
+            )
+        self.device = stream.device
+        self._time_ns = None
+        if self.enable_timing:
+            self._seq = stream.launch(self._stamp, name="event_record")
+        else:
+            self._seq = stream.launched
+        self._queue = stream._q
+
+    def _stamp(self) -> None:
+        self._time_ns = time.perf_counter_ns()
+    # LITERALINCLUDE END: EVENT RECORD
+
+    def pending(self) -> tuple[_Queue, int] | None:
+        """``(queue, seq)`` still to be reached, or None if recorded work is done (or never recorded)."""
+        if self._queue is None or self._queue.done >= self._seq:
+            return None
+        return self._queue, self._seq
+
+    def query(self) -> bool:
+        """True if the work captured by the last record has finished (or nothing was recorded)."""
+        return self.pending() is None
+
+    def synchronize(self) -> None:
+        """Block until the captured work has finished."""
+        if self._queue is not None:
+            self._queue.wait_for(self._seq)
+
+    def elapsed_time(self, end: "Event") -> float:
+        """Milliseconds between this event and ``end``, both recorded, timed and complete."""
+        for event, which in ((self, "start"), (end, "end")):
+            if not event.enable_timing:
+                raise OpenRegError(
+                    ErrorCode.INVALID_HANDLE,
+                    f"elapsed_time: the {which} event was created without enable_timing=True",
+                )
+            if event._queue is None:
+                raise OpenRegError(ErrorCode.INVALID_HANDLE, f"elapsed_time: the {which} event was never recorded")
+        if self.device != end.device:
+            raise OpenRegError(
+                ErrorCode.INVALID_VALUE,
+                f"elapsed_time: events are on different devices (openreg:{self.device} and openreg:{end.device})",
+            )
+        if not (self.query() and end.query()):
+            raise OpenRegError(ErrorCode.NOT_READY, "elapsed_time: an event has not completed yet; synchronize first")
+        return (end._time_ns - self._time_ns) / 1e6

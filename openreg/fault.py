@@ -1,0 +1,76 @@
+"""Report host accesses to device memory: a SIGSEGV handler that names the allocation hit.
+
+Device memory is mapped ``PROT_NONE`` outside kernels, so a stray host read or
+write faults at once. This handler (installed with the first device
+allocation) looks the faulting address up among live allocations, prints what
+was hit, then restores the previous handler and returns: the access faults
+again and the process ends the ordinary way (with faulthandler's traceback when
+it is enabled). Faults elsewhere go straight to the previous handler.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import threading
+
+from . import memory
+
+_SA_SIGINFO = 0x4
+_SA_ONSTACK = 0x08000000
+_SI_ADDR_OFFSET = 16  # offsetof(siginfo_t, si_addr) on 64-bit Linux
+
+
+class _SigAction(ctypes.Structure):
+    _fields_ = [
+        ("handler", ctypes.c_void_p),
+        ("mask", ctypes.c_ulong * 16),
+        ("flags", ctypes.c_int),
+        ("restorer", ctypes.c_void_p),
+    ]
+
+
+_HANDLER_T = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.sigaction.argtypes = [ctypes.c_int, ctypes.POINTER(_SigAction), ctypes.POINTER(_SigAction)]
+_previous = _SigAction()
+_installed = False
+_install_lock = threading.Lock()
+
+
+def describe(addr: int) -> str | None:
+    """The report for a host access at ``addr``, or None if it is not device memory."""
+    alloc = memory.find(addr)
+    if alloc is None or alloc.kind != memory.DEVICE:
+        return None
+    return (
+        f"openreg: host code accessed device memory at 0x{addr:x}, offset {addr - alloc.ptr} "
+        f"inside allocation 0x{alloc.ptr:x} of {alloc.size} bytes on openreg:{alloc.device}. "
+        "Device memory is only accessible inside kernels and copies: copy the tensor to the "
+        "host first (e.g. tensor.cpu()).\n"
+    )
+
+
+def _on_segv(signum: int, info: int, context: int) -> None:
+    addr = ctypes.c_void_p.from_address(info + _SI_ADDR_OFFSET).value or 0
+    message = describe(addr)
+    if message:
+        os.write(2, message.encode())
+    _libc.sigaction(signal.SIGSEGV, ctypes.byref(_previous), None)  # re-fault into the old handler
+
+
+_callback = _HANDLER_T(_on_segv)
+
+
+def install() -> None:
+    """Install the reporter once per process (idempotent)."""
+    global _installed
+    with _install_lock:
+        if _installed:
+            return
+        action = _SigAction()
+        action.handler = ctypes.cast(_callback, ctypes.c_void_p).value
+        action.flags = _SA_SIGINFO | _SA_ONSTACK
+        if _libc.sigaction(signal.SIGSEGV, ctypes.byref(action), ctypes.byref(_previous)) == 0:
+            _installed = True

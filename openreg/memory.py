@@ -1,0 +1,244 @@
+"""Device and pinned host memory of the simulated accelerator.
+
+Device memory is real memory the host cannot touch: every allocation is its own
+page-aligned anonymous mapping kept at ``PROT_NONE``. A kernel or copy that
+names an allocation gets read/write access only while it runs (reference
+counted, so concurrent kernels on different streams can share a buffer). Host
+code that dereferences a device pointer outside a kernel faults at once; the
+fault reporter (``openreg.fault``) names the allocation it hit.
+
+Frees are stream-ordered: an allocation still named by queued or running work
+is released only when that work ends, the way ``cudaFreeAsync`` behaves, so a
+caller may drop a buffer right after launching work on it.
+"""
+
+from __future__ import annotations
+
+import bisect
+import collections
+import threading
+from dataclasses import dataclass, field
+
+from . import _libc
+from .device import check_device, device_capacity, device_count
+from .errors import ErrorCode, OpenRegError
+
+DEVICE = "device"
+HOST = "host"
+UNREGISTERED = "unregistered"
+
+
+@dataclass
+class Allocation:
+    """One live allocation: ``ptr`` is its base, ``size`` what was asked for."""
+
+    ptr: int
+    size: int
+    mapped: int
+    kind: str
+    device: int | None
+    uses: int = 0  # launches queued or running that name this allocation
+    access: int = 0  # launches currently holding host access
+    free_pending: bool = field(default=False)
+
+
+@dataclass(frozen=True)
+class PointerAttributes:
+    """What ``cudaPointerGetAttributes`` reports: kind, owning device, allocation base and size."""
+
+    type: str
+    device: int | None
+    base: int
+    size: int
+
+
+_lock = threading.RLock()
+_allocs: dict[int, Allocation] = {}
+_bases: list[int] = []  # sorted allocation bases, to resolve interior pointers
+_used = [0] * device_count()  # bytes held per device (page-rounded)
+_freed: collections.OrderedDict[int, None] = collections.OrderedDict()  # recent bases, for double-free reports
+_FREED_MEMORY = 4096
+
+
+def _register(alloc: Allocation) -> None:
+    _allocs[alloc.ptr] = alloc
+    bisect.insort(_bases, alloc.ptr)
+    _freed.pop(alloc.ptr, None)
+
+
+def _unregister(alloc: Allocation) -> None:
+    del _allocs[alloc.ptr]
+    del _bases[bisect.bisect_left(_bases, alloc.ptr)]
+    _freed[alloc.ptr] = None
+    if len(_freed) > _FREED_MEMORY:
+        _freed.popitem(last=False)
+
+
+def find(ptr: int) -> Allocation | None:
+    """The live allocation containing ``ptr`` (base or interior pointer), if any."""
+    alloc = _allocs.get(ptr)
+    if alloc is not None:
+        return alloc
+    with _lock:
+        i = bisect.bisect_right(_bases, ptr) - 1
+        if i >= 0:
+            alloc = _allocs[_bases[i]]
+            if ptr < alloc.ptr + max(alloc.size, 1):
+                return alloc
+    return None
+
+
+# LITERALINCLUDE START: RUNTIME MALLOC
+def malloc(size: int, device: int) -> int:
+    """Allocate ``size`` bytes on ``device``; returns the pointer (0 for size 0)."""
+    check_device(device)
+    if size < 0:
+        raise OpenRegError(ErrorCode.INVALID_VALUE, f"malloc of negative size {size} on openreg:{device}")
+    if size == 0:
+        return 0
+    mapped = _libc.round_up(size)
+    capacity = device_capacity(device)
+    with _lock:
+        if _used[device] + mapped > capacity:
+            raise OpenRegError(
+                ErrorCode.OUT_OF_MEMORY,
+                f"out of memory on openreg:{device}: tried to allocate {size} bytes; "
+                f"{_used[device]} bytes in use of {capacity} total, {capacity - _used[device]} free",
+            )
+        ptr = _libc.map_pages(mapped, _libc.PROT_NONE)
+        if ptr is None:
+            raise OpenRegError(
+                ErrorCode.OUT_OF_MEMORY, f"out of memory on openreg:{device}: the host refused {mapped} bytes"
+            )
+        _used[device] += mapped
+        _register(Allocation(ptr, size, mapped, DEVICE, device))
+    return ptr
+
+
+def free(ptr: int) -> None:
+    """Free device memory; released once no queued or running work names it."""
+    if ptr == 0:
+        return
+    with _lock:
+        alloc = _allocs.get(ptr)
+        if alloc is None or alloc.kind != DEVICE or alloc.free_pending:
+            _raise_bad_free(ptr, alloc, DEVICE)
+        alloc.free_pending = True
+        if alloc.uses == 0:
+            _release(alloc)
+# LITERALINCLUDE END: RUNTIME MALLOC
+
+
+def _raise_bad_free(ptr: int, alloc: Allocation | None, kind: str) -> None:
+    if (alloc is None and ptr in _freed) or (alloc is not None and alloc.free_pending):
+        raise OpenRegError(ErrorCode.DOUBLE_FREE, f"double free of {kind} pointer 0x{ptr:x}")
+    if alloc is not None:
+        raise OpenRegError(
+            ErrorCode.INVALID_POINTER, f"pointer 0x{ptr:x} is {alloc.kind} memory, not {kind} memory"
+        )
+    inner = find(ptr)
+    where = f" (inside allocation 0x{inner.ptr:x} of {inner.size} bytes)" if inner else ""
+    raise OpenRegError(ErrorCode.INVALID_POINTER, f"0x{ptr:x} is not the base of a {kind} allocation{where}")
+
+
+def _release(alloc: Allocation) -> None:
+    _unregister(alloc)
+    _libc.unmap_pages(alloc.ptr, alloc.mapped)
+    if alloc.kind == DEVICE:
+        _used[alloc.device] -= alloc.mapped
+
+
+def host_malloc(size: int) -> int:
+    """Allocate pinned (page-locked in a real driver) host memory, readable by the host."""
+    if size < 0:
+        raise OpenRegError(ErrorCode.INVALID_VALUE, f"host_malloc of negative size {size}")
+    if size == 0:
+        return 0
+    mapped = _libc.round_up(size)
+    ptr = _libc.map_pages(mapped, _libc.PROT_RW)
+    if ptr is None:
+        raise OpenRegError(ErrorCode.OUT_OF_MEMORY, f"out of pinned host memory: tried to allocate {size} bytes")
+    with _lock:
+        _register(Allocation(ptr, size, mapped, HOST, None))
+    return ptr
+
+
+def host_free(ptr: int) -> None:
+    """Free pinned host memory (stream-ordered like :func:`free`)."""
+    if ptr == 0:
+        return
+    with _lock:
+        alloc = _allocs.get(ptr)
+        if alloc is None or alloc.kind != HOST or alloc.free_pending:
+            _raise_bad_free(ptr, alloc, HOST)
+        alloc.free_pending = True
+        if alloc.uses == 0:
+            _release(alloc)
+
+
+def pointer_attributes(ptr: int) -> PointerAttributes:
+    """Classify any pointer: device memory, pinned host memory, or ordinary host memory."""
+    alloc = find(ptr)
+    if alloc is None:
+        return PointerAttributes(UNREGISTERED, None, 0, 0)
+    return PointerAttributes(alloc.kind, alloc.device, alloc.ptr, alloc.size)
+
+
+def memory_used(device: int) -> int:
+    """Bytes of ``device`` memory held by live allocations (page-rounded)."""
+    check_device(device)
+    return _used[device]
+
+
+def mem_get_info(device: int) -> tuple[int, int]:
+    """``(free, total)`` bytes of a device, like ``cudaMemGetInfo``."""
+    total = device_capacity(device)
+    return total - memory_used(device), total
+
+
+# LITERALINCLUDE START: RUNTIME ACCESS
+def acquire(ptrs: tuple[int, ...] | list[int]) -> list[Allocation]:
+    """Pin the allocations a launch names, at launch time: they cannot be released before it ends."""
+    allocs = []
+    with _lock:
+        for ptr in ptrs:
+            if not ptr:
+                continue
+            alloc = find(ptr)
+            if alloc is None or alloc.free_pending:
+                raise OpenRegError(
+                    ErrorCode.INVALID_POINTER, f"launch names 0x{ptr:x}, which is not live openreg memory"
+                )
+            alloc.uses += 1
+            allocs.append(alloc)
+    return allocs
+
+
+def grant(allocs: list[Allocation]) -> None:
+    """Open device allocations to the host for the duration of a kernel or copy."""
+    with _lock:
+        for alloc in allocs:
+            if alloc.kind == DEVICE:
+                if alloc.access == 0:
+                    _libc.protect(alloc.ptr, alloc.mapped, _libc.PROT_RW)
+                alloc.access += 1
+
+
+def revoke(allocs: list[Allocation]) -> None:
+    """Close allocations again after a kernel, and release those freed meanwhile."""
+    with _lock:
+        for alloc in allocs:
+            if alloc.kind == DEVICE:
+                alloc.access -= 1
+                if alloc.access == 0:
+                    _libc.protect(alloc.ptr, alloc.mapped, _libc.PROT_NONE)
+
+
+def release(allocs: list[Allocation]) -> None:
+    """Undo :func:`acquire` once a launch has finished (or was dropped)."""
+    with _lock:
+        for alloc in allocs:
+            alloc.uses -= 1
+            if alloc.uses == 0 and alloc.free_pending:
+                _release(alloc)
+# LITERALINCLUDE END: RUNTIME ACCESS
