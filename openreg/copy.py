@@ -39,7 +39,10 @@ def _side(ptr: int, nbytes: int, want_device: bool, role: str) -> memory.Allocat
 
 
 def _check(dst: int, src: int, nbytes: int, kind: MemcpyKind) -> tuple[Stream, tuple[int, ...]]:
-    kind = MemcpyKind(kind)
+    try:
+        kind = MemcpyKind(kind)
+    except ValueError:
+        raise OpenRegError(ErrorCode.INVALID_MEMCPY_DIRECTION, f"invalid memcpy kind {kind!r}") from None
     if nbytes < 0:
         raise OpenRegError(ErrorCode.INVALID_VALUE, f"copy of negative size {nbytes}")
     dst_alloc = _side(dst, nbytes, kind in (MemcpyKind.HOST_TO_DEVICE, MemcpyKind.DEVICE_TO_DEVICE), "destination")

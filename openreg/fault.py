@@ -39,14 +39,16 @@ _installed = False
 _install_lock = threading.Lock()
 
 
+# LITERALINCLUDE START: RUNTIME FAULT
 def describe(addr: int) -> str | None:
     """The report for a host access at ``addr``, or None if it is not device memory."""
-    alloc = memory.find(addr)
+    alloc = memory.find(addr, mapped=True)  # the page padding past the end is protected too
     if alloc is None or alloc.kind != memory.DEVICE:
         return None
+    where = "inside" if addr - alloc.ptr < alloc.size else "past the end of"
     return (
         f"openreg: host code accessed device memory at 0x{addr:x}, offset {addr - alloc.ptr} "
-        f"inside allocation 0x{alloc.ptr:x} of {alloc.size} bytes on openreg:{alloc.device}. "
+        f"{where} allocation 0x{alloc.ptr:x} of {alloc.size} bytes on openreg:{alloc.device}. "
         "Device memory is only accessible inside kernels and copies: copy the tensor to the "
         "host first (e.g. tensor.cpu()).\n"
     )
@@ -58,6 +60,7 @@ def _on_segv(signum: int, info: int, context: int) -> None:
     if message:
         os.write(2, message.encode())
     _libc.sigaction(signal.SIGSEGV, ctypes.byref(_previous), None)  # re-fault into the old handler
+# LITERALINCLUDE END: RUNTIME FAULT
 
 
 _callback = _HANDLER_T(_on_segv)

@@ -74,8 +74,11 @@ def _unregister(alloc: Allocation) -> None:
         _freed.popitem(last=False)
 
 
-def find(ptr: int) -> Allocation | None:
-    """The live allocation containing ``ptr`` (base or interior pointer), if any."""
+def find(ptr: int, *, mapped: bool = False) -> Allocation | None:
+    """The live allocation containing ``ptr`` (base or interior pointer), if any.
+
+    With ``mapped``, the page padding after the requested size counts too (for fault reports).
+    """
     alloc = _allocs.get(ptr)
     if alloc is not None:
         return alloc
@@ -83,7 +86,7 @@ def find(ptr: int) -> Allocation | None:
         i = bisect.bisect_right(_bases, ptr) - 1
         if i >= 0:
             alloc = _allocs[_bases[i]]
-            if ptr < alloc.ptr + max(alloc.size, 1):
+            if ptr < alloc.ptr + (alloc.mapped if mapped else max(alloc.size, 1)):
                 return alloc
     return None
 
@@ -130,13 +133,14 @@ def free(ptr: int) -> None:
 
 
 def _raise_bad_free(ptr: int, alloc: Allocation | None, kind: str) -> None:
-    if (alloc is None and ptr in _freed) or (alloc is not None and alloc.free_pending):
+    # A freed base that a newer allocation now covers (mmap reuses addresses) is an interior pointer.
+    inner = find(ptr) if alloc is None else None
+    if (inner is None and alloc is None and ptr in _freed) or (alloc is not None and alloc.free_pending):
         raise OpenRegError(ErrorCode.DOUBLE_FREE, f"double free of {kind} pointer 0x{ptr:x}")
     if alloc is not None:
         raise OpenRegError(
             ErrorCode.INVALID_POINTER, f"pointer 0x{ptr:x} is {alloc.kind} memory, not {kind} memory"
         )
-    inner = find(ptr)
     where = f" (inside allocation 0x{inner.ptr:x} of {inner.size} bytes)" if inner else ""
     raise OpenRegError(ErrorCode.INVALID_POINTER, f"0x{ptr:x} is not the base of a {kind} allocation{where}")
 

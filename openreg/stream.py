@@ -17,8 +17,10 @@ from __future__ import annotations
 import collections
 import itertools
 import os
+import sys
 import threading
 import time
+import traceback
 import weakref
 from typing import Any, Callable
 
@@ -54,6 +56,7 @@ class _Queue:
         self.closed = False
         self.worker: threading.Thread | None = None
 
+    # LITERALINCLUDE START: STREAM RUN
     def run(self, item: _Item) -> None:
         """Execute one item with its buffers open; keep the first error for the next sync."""
         started = time.perf_counter_ns()
@@ -74,11 +77,16 @@ class _Queue:
         finally:
             memory.release(item.allocs)
             for observer in _observers:
-                observer(item.name, self.device, self.id, started, time.perf_counter_ns())
+                try:
+                    observer(item.name, self.device, self.id, started, time.perf_counter_ns())
+                except Exception:  # noqa: BLE001 - a broken observer must not wedge the stream
+                    print(f"openreg: launch observer {observer!r} failed after {item.name}:", file=sys.stderr)
+                    traceback.print_exc()
         with self.cond:
             self.busy = False
             self.done = item.seq
             self.cond.notify_all()
+    # LITERALINCLUDE END: STREAM RUN
 
     # LITERALINCLUDE START: STREAM WAIT
     def wait_for(self, seq: int) -> None:

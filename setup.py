@@ -1,0 +1,18 @@
+"""Builds the C++ bridge torch_openreg._C against the installed torch (ninja)."""
+
+from pathlib import Path
+
+from setuptools import setup
+from torch.utils.cpp_extension import BuildExtension, CppExtension
+
+csrc = Path("torch_openreg/csrc")
+setup(
+    ext_modules=[
+        CppExtension(
+            "torch_openreg._C",
+            sorted(str(p) for p in csrc.glob("*.cpp")),
+            extra_compile_args=["-O2", "-std=c++17"],
+        )
+    ],
+    cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
+)

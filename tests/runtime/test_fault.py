@@ -1,0 +1,134 @@
+"""The fault reporter: a host access to device memory kills the process with SIGSEGV and names what it hit."""
+
+from __future__ import annotations
+
+import ctypes
+import re
+import signal
+
+import pytest
+
+import openreg
+from openreg import fault
+
+SIGSEGV = -signal.SIGSEGV  # subprocess return code of a process killed by SIGSEGV (-11)
+
+_REPORT = re.compile(
+    r"openreg: host code accessed device memory at (0x[0-9a-f]+), offset (\d+) (inside|past the end of) "
+    r"allocation (0x[0-9a-f]+) of (\d+) bytes on openreg:(\d+)\."
+)
+
+
+def _crash(run_python, access: str, *, device: int = 0, size: int = 64, prelude: str = ""):
+    code = f"""
+import ctypes, faulthandler, sys
+import openreg
+{prelude}
+p = openreg.malloc({size}, {device})
+print(hex(p), flush=True)
+{access}
+print("survived", flush=True)
+"""
+    proc = run_python(code)
+    ptr = int(proc.stdout.split()[0], 16)
+    return proc, ptr
+
+
+@pytest.mark.parametrize(
+    "access, offset",
+    [
+        ("ctypes.string_at(p, 8)", 0),  # a read
+        ("ctypes.string_at(p + 40, 8)", 40),  # an interior read
+        ("ctypes.memset(p + 8, 1, 4)", 8),  # a write
+    ],
+)
+def test_host_access_to_device_memory_segfaults_and_names_the_allocation(run_python, access, offset):
+    proc, ptr = _crash(run_python, access)
+    assert proc.returncode == SIGSEGV, (proc.returncode, proc.stderr)
+    assert "survived" not in proc.stdout
+    match = _REPORT.search(proc.stderr)
+    assert match, proc.stderr
+    assert match.groups() == (hex(ptr + offset), str(offset), "inside", hex(ptr), "64", "0")
+    assert f"0x{ptr:x}" in proc.stderr and "openreg:0" in proc.stderr
+    assert "copy the tensor to the host first" in proc.stderr
+
+
+def test_report_names_the_device(run_python):
+    proc, ptr = _crash(run_python, "ctypes.string_at(p, 1)", device=1)
+    assert proc.returncode == SIGSEGV
+    assert f"allocation 0x{ptr:x} of 64 bytes on openreg:1." in proc.stderr
+
+
+def test_access_past_the_end_in_the_page_padding_is_reported(run_python):
+    """Regression: the padding up to the page boundary is protected too, and was faulting without a report."""
+    proc, ptr = _crash(run_python, "ctypes.string_at(p + 100, 1)")
+    assert proc.returncode == SIGSEGV
+    match = _REPORT.search(proc.stderr)
+    assert match, proc.stderr
+    assert match.groups() == (hex(ptr + 100), "100", "past the end of", hex(ptr), "64", "0")
+
+
+def test_chains_to_faulthandler_enabled_before(run_python):
+    proc, ptr = _crash(run_python, "ctypes.string_at(p, 8)", prelude="faulthandler.enable()")
+    assert proc.returncode == SIGSEGV
+    assert _REPORT.search(proc.stderr)
+    assert "Fatal Python error: Segmentation fault" in proc.stderr  # faulthandler ran after the report
+
+
+def test_faulthandler_enabled_later_replaces_the_reporter(run_python):
+    """Documented limitation: whoever installs a SIGSEGV handler last wins."""
+    proc, ptr = _crash(run_python, "faulthandler.enable()\nctypes.string_at(p, 8)")
+    assert proc.returncode == SIGSEGV
+    assert "Fatal Python error: Segmentation fault" in proc.stderr
+    assert not _REPORT.search(proc.stderr)
+
+
+def test_kernel_may_read_the_same_buffer(run_python):
+    """The same read, inside a kernel that names the buffer, works (and sees zeroed memory)."""
+    code = """
+import ctypes
+import openreg
+p = openreg.malloc(64)
+out = []
+openreg.launch(lambda: out.append(ctypes.string_at(p, 8)), buffers=[p])
+openreg.synchronize()
+print(out)
+"""
+    proc = run_python(code)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == repr([bytes(8)])
+
+
+def test_kernel_read_in_process():
+    p = openreg.malloc(64)
+    out = []
+    try:
+        openreg.launch(lambda: out.append(ctypes.string_at(p, 8)), buffers=[p])
+        openreg.synchronize()
+    finally:
+        openreg.free(p)
+    assert out == [bytes(8)]
+
+
+def test_describe():
+    p = openreg.malloc(100, 0)
+    h = openreg.host_malloc(100)
+    buf = ctypes.create_string_buffer(8)
+    try:
+        assert fault.describe(p + 10).startswith(
+            f"openreg: host code accessed device memory at 0x{p + 10:x}, offset 10 inside allocation 0x{p:x} "
+            "of 100 bytes on openreg:0."
+        )
+        assert "past the end of" in fault.describe(p + 100)
+        assert fault.describe(h) is None  # pinned memory is the host's: not a device access
+        assert fault.describe(ctypes.addressof(buf)) is None
+    finally:
+        openreg.free(p)
+        openreg.host_free(h)
+    assert fault.describe(p) is None  # no longer device memory
+
+
+def test_install_is_idempotent():
+    fault.install()
+    fault.install()
+    assert fault._installed

@@ -1,0 +1,420 @@
+"""Streams: ordering, overlap, asynchronous errors, synchronization, priorities, current stream, observers."""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+import time
+
+import pytest
+
+import openreg
+from openreg.errors import ErrorCode, OpenRegError
+
+
+def test_work_on_one_stream_runs_in_launch_order(asynchronous):
+    stream = openreg.Stream()
+    order = []
+    stream.launch(time.sleep, 0.05)  # a slow first item must not let later ones jump ahead
+    seqs = [stream.launch(order.append, i) for i in range(50)]
+    assert seqs == list(range(2, 52))  # sequence numbers count launches on this stream
+    assert stream.launched == 51
+    stream.synchronize()
+    assert order == list(range(50))
+
+
+def test_launch_returns_before_the_work_runs(gate):
+    stream = openreg.Stream()
+    ran = []
+    stream.launch(gate.wait)
+    stream.launch(ran.append, 1)
+    assert ran == [] and not stream.query()
+    gate.open()
+    stream.synchronize()
+    assert ran == [1] and stream.query()
+
+
+def test_two_streams_overlap(asynchronous):
+    spans = {}
+
+    def kernel(tag):
+        start = time.perf_counter()
+        time.sleep(0.3)
+        spans[tag] = (start, time.perf_counter())
+
+    a, b = openreg.Stream(), openreg.Stream()
+    t0 = time.perf_counter()
+    a.launch(kernel, "a")
+    b.launch(kernel, "b")
+    a.synchronize()
+    b.synchronize()
+    elapsed = time.perf_counter() - t0
+    (a0, a1), (b0, b1) = spans["a"], spans["b"]
+    assert max(a0, b0) < min(a1, b1), f"kernels did not overlap: {spans}"
+    assert elapsed < 0.55
+
+
+def test_streams_on_different_devices_overlap(two_devices, asynchronous):
+    spans = {}
+
+    def kernel(tag):
+        start = time.perf_counter()
+        time.sleep(0.15)
+        spans[tag] = (start, time.perf_counter())
+
+    openreg.launch(kernel, 0, stream=openreg.Stream(0))
+    openreg.launch(kernel, 1, stream=openreg.Stream(1))
+    openreg.synchronize(0)
+    openreg.synchronize(1)
+    assert max(spans[0][0], spans[1][0]) < min(spans[0][1], spans[1][1])
+
+
+def test_buffer_shared_by_concurrent_kernels_stays_open(gate, host_prot):
+    """Host access is reference counted: the first kernel to finish must not close a buffer another still uses."""
+    p = openreg.malloc(64)
+    seen = {}
+
+    def long_kernel():
+        gate.wait()
+        seen["long"] = host_prot(p)
+        if seen["long"] == "rw-p":  # never touch it otherwise: that would crash the test process
+            ctypes.memset(p, 7, 64)
+
+    a, b = openreg.Stream(), openreg.Stream()
+    a.launch(long_kernel, buffers=[p])
+    b.launch(lambda: seen.setdefault("short", ctypes.string_at(p, 4)), buffers=[p])
+    b.synchronize()
+    gate.open()
+    a.synchronize()
+    assert seen == {"short": bytes(4), "long": "rw-p"}
+    assert host_prot(p) == "---p"
+    openreg.free(p)
+
+
+# -- asynchronous errors -------------------------------------------------------------------------
+
+
+def _boom(message):
+    raise ValueError(message)
+
+
+def test_kernel_error_surfaces_at_synchronize_once(asynchronous):
+    stream = openreg.Stream()
+    ran_after = []
+    stream.launch(_boom, "bad input", name="my_kernel")  # does not raise here
+    stream.launch(ran_after.append, "next")  # the stream keeps going after a failed kernel
+    with pytest.raises(OpenRegError) as info:
+        stream.synchronize()
+    err = info.value
+    assert err.code == ErrorCode.LAUNCH_FAILURE and int(err.code) == 719
+    assert err.message == f"my_kernel on openreg:0 stream {stream.id} failed: ValueError: bad input"
+    assert isinstance(err.__cause__, ValueError)
+    assert ran_after == ["next"]
+    stream.synchronize()  # reported once only
+    stream.launch(ran_after.append, "again")
+    stream.synchronize()
+    assert ran_after == ["next", "again"]
+
+
+def test_only_the_first_error_is_kept(asynchronous):
+    stream = openreg.Stream()
+    stream.launch(_boom, "first", name="k1")
+    stream.launch(_boom, "second", name="k2")
+    with pytest.raises(OpenRegError, match="k1 .* failed: ValueError: first"):
+        stream.synchronize()
+    stream.synchronize()
+
+
+def test_device_synchronize_reports_errors_of_any_stream(asynchronous):
+    stream = openreg.Stream()
+    stream.launch(_boom, "late", name="side_kernel")
+    with pytest.raises(OpenRegError) as info:
+        openreg.synchronize()
+    assert info.value.code == ErrorCode.LAUNCH_FAILURE and "side_kernel" in info.value.message
+    stream.synchronize()  # already reported by the device synchronize
+    openreg.synchronize()
+
+
+def test_check_error_reports_without_waiting(gate):
+    stream = openreg.Stream()
+    stream.launch(_boom, "x", name="quick")
+    done = threading.Event()
+    stream.launch(done.set)
+    assert done.wait(5)
+    stream.launch(gate.wait)
+    with pytest.raises(OpenRegError, match="quick"):
+        stream.check_error()  # the failed kernel is done, the gated one is still queued
+    assert not stream.query()
+    gate.open()
+    stream.synchronize()
+
+
+def test_a_later_call_on_the_stream_reports_the_error(asynchronous):
+    p = openreg.malloc(8)
+    host = ctypes.create_string_buffer(8)
+    try:
+        openreg.launch(_boom, "async fault", name="faulty")  # on the default stream
+        with pytest.raises(OpenRegError, match="faulty"):
+            openreg.memcpy(ctypes.addressof(host), p, 8, openreg.MemcpyKind.DEVICE_TO_HOST)
+    finally:
+        openreg.free(p)
+
+
+def test_launch_blocking(run_python):
+    code = """
+import openreg
+print(openreg.LAUNCH_BLOCKING)
+ran = []
+seq = openreg.launch(ran.append, 1, name="fine")
+print(ran, openreg.current_stream().query())
+def bad():
+    raise KeyError("oops")
+try:
+    openreg.launch(bad, name="bad_kernel")
+except openreg.OpenRegError as e:
+    print(e.code.name)
+    print(e.message)
+openreg.synchronize()
+print("clean")
+"""
+    proc = run_python(code, env={"OPENREG_LAUNCH_BLOCKING": "1"})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == [
+        "True",
+        "[1] True",
+        "LAUNCH_FAILURE",
+        "bad_kernel on openreg:0 stream 0 failed: KeyError: 'oops'",
+        "clean",
+    ]
+
+
+def test_launch_is_asynchronous_by_default(run_python):
+    proc = run_python("import openreg; print(openreg.LAUNCH_BLOCKING)", env={"OPENREG_LAUNCH_BLOCKING": "0"})
+    assert proc.stdout.strip() == "False"
+
+
+# -- synchronize and query -----------------------------------------------------------------------
+
+
+def test_device_synchronize_waits_for_all_streams(asynchronous):
+    done = []
+    streams = [openreg.Stream() for _ in range(3)]
+    for i, stream in enumerate(streams):
+        stream.launch(lambda i=i: (time.sleep(0.05), done.append(i)))
+    openreg.launch(done.append, "default")
+    openreg.synchronize(0)
+    assert sorted(done, key=str) == [0, 1, 2, "default"]
+    assert all(s.query() for s in streams)
+
+
+def test_device_synchronize_is_per_device(two_devices, gate):
+    stream0 = openreg.Stream(0)
+    stream0.launch(gate.wait)
+    openreg.launch(lambda: None, stream=openreg.Stream(1))
+    openreg.synchronize(1)  # must not wait for the gated work on device 0
+    assert not stream0.query()
+    gate.open()
+    openreg.synchronize(0)
+    assert stream0.query()
+
+
+def test_query(gate):
+    stream = openreg.Stream()
+    assert stream.query()  # nothing launched
+    stream.launch(gate.wait)
+    assert not stream.query()
+    gate.open()
+    stream.synchronize()
+    assert stream.query()
+
+
+def test_wait_for_a_sequence_number(gate):
+    stream = openreg.Stream()
+    ran = []
+    first = stream.launch(ran.append, "first")
+    stream.launch(gate.wait)
+    stream.launch(ran.append, "third")
+    stream.wait_for(first)  # returns once launch `first` is done, without waiting for the gate
+    assert ran == ["first"]
+    gate.open()
+    stream.synchronize()
+    assert ran == ["first", "third"]
+
+
+def test_synchronize_from_many_threads(asynchronous):
+    stream = openreg.Stream()
+    ran = []
+    for i in range(200):
+        stream.launch(ran.append, i)
+    errors = []
+
+    def sync():
+        try:
+            stream.synchronize()
+        except Exception as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=sync) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    stream.synchronize()
+    for thread in threads:
+        thread.join(10)
+    assert errors == [] and ran == list(range(200))
+
+
+# -- priorities ----------------------------------------------------------------------------------
+
+
+def test_priorities():
+    assert (openreg.PRIORITY_HIGH, openreg.PRIORITY_LOW) == (-1, 0)
+    assert openreg.Stream().priority == 0
+    assert openreg.Stream(priority=-1).priority == -1
+    assert openreg.Stream(priority=openreg.PRIORITY_LOW).priority == 0
+    for bad in (1, -2, 10):
+        with pytest.raises(OpenRegError) as info:
+            openreg.Stream(priority=bad)
+        assert info.value.code == ErrorCode.INVALID_VALUE
+        assert f"stream priority {bad} is outside [-1, 0]" in info.value.message
+
+
+# -- identity, current stream --------------------------------------------------------------------
+
+
+def test_stream_identity(two_devices):
+    s0, s1 = openreg.Stream(0), openreg.Stream(1)
+    assert s0.device == 0 and s1.device == 1
+    assert s0.id > 0 and s1.id > 0  # id 0 is the default stream
+    assert openreg.Stream(0).id > s0.id
+    assert openreg.default_stream(0).id == 0 and openreg.default_stream(0) is openreg.default_stream(0)
+    assert openreg.default_stream(1).device == 1
+    assert repr(s1) == f"openreg.Stream(device=1, id={s1.id}, priority=0)"
+    openreg.set_device(1)
+    assert openreg.Stream().device == 1  # the current device by default
+
+
+def test_get_stream_by_id(two_devices):
+    s = openreg.Stream(1)
+    assert openreg.get_stream(1, s.id) is s
+    assert openreg.get_stream(0, 0) is openreg.default_stream(0)
+    assert openreg.get_stream(1, 0) is openreg.default_stream(1)
+    with pytest.raises(OpenRegError) as info:
+        openreg.get_stream(1, 10**9)
+    assert info.value.code == ErrorCode.INVALID_HANDLE
+    assert f"no live stream {10**9} on openreg:1" in info.value.message
+
+    dead = openreg.Stream(1)
+    dead_id = dead.id
+    del dead  # the registry holds streams weakly: a dropped stream's id no longer resolves
+    with pytest.raises(OpenRegError) as info:
+        openreg.get_stream(1, dead_id)
+    assert info.value.code == ErrorCode.INVALID_HANDLE
+
+
+def test_current_stream_and_set_stream(two_devices):
+    default0 = openreg.default_stream(0)
+    assert openreg.current_stream() is default0
+    s0, s1 = openreg.Stream(0), openreg.Stream(1)
+    assert openreg.set_stream(s0) is default0
+    assert openreg.current_stream() is s0 and openreg.current_stream(0) is s0
+    assert openreg.current_stream(1) is openreg.default_stream(1)  # per device
+    assert openreg.set_stream(s1) is openreg.default_stream(1)
+    assert openreg.current_stream(1) is s1 and openreg.current_stream(0) is s0
+    openreg.set_device(1)
+    assert openreg.current_stream() is s1
+
+    launched = (openreg.default_stream(1).launched, s0.launched)
+    seq = openreg.launch(lambda: None)  # goes to the current stream of the current device
+    assert s1.launched == seq == 1
+    assert (openreg.default_stream(1).launched, s0.launched) == launched
+    s1.synchronize()
+
+    seen = []
+    thread = threading.Thread(target=lambda: seen.extend([openreg.current_stream(0), openreg.current_stream(1)]))
+    thread.start()
+    thread.join()
+    assert seen == [default0, openreg.default_stream(1)]  # thread-local: a new thread sees the defaults
+    assert openreg.set_stream(default0) is s0
+
+
+def test_launch_on_explicit_stream_ignores_current(asynchronous):
+    s = openreg.Stream()
+    where = []
+    openreg.launch(lambda: where.append("explicit"), stream=s)
+    s.synchronize()
+    assert where == ["explicit"]
+
+
+# -- launch observers ----------------------------------------------------------------------------
+
+
+def test_launch_observer(two_devices, asynchronous):
+    records = []
+
+    def observer(name, device, stream_id, start_ns, end_ns):
+        records.append((name, device, stream_id, start_ns, end_ns))
+
+    stream = openreg.Stream(1)
+    openreg.add_launch_observer(observer)
+    try:
+        before = time.perf_counter_ns()
+        stream.launch(time.sleep, 0.05, name="sleepy")
+        stream.launch(lambda: None, name="quick")
+        stream.synchronize()
+        after = time.perf_counter_ns()
+    finally:
+        openreg.remove_launch_observer(observer)
+    mine = [r for r in records if r[1:3] == (1, stream.id)]
+    assert [r[0] for r in mine] == ["sleepy", "quick"]
+    (_, _, _, s0, e0), (_, _, _, s1, e1) = mine
+    assert before <= s0 and e0 - s0 >= 50_000_000 and e0 <= s1 <= e1 <= after
+
+    count = len(records)
+    stream.launch(lambda: None, name="unobserved")
+    stream.synchronize()
+    assert len(records) == count
+    with pytest.raises(ValueError):
+        openreg.remove_launch_observer(observer)
+
+
+def test_observer_sees_failed_kernels(asynchronous):
+    names = []
+
+    def observer(name, *rest):
+        names.append(name)
+
+    openreg.add_launch_observer(observer)
+    try:
+        stream = openreg.Stream()
+        stream.launch(_boom, "x", name="failing")
+        with pytest.raises(OpenRegError):
+            stream.synchronize()
+    finally:
+        openreg.remove_launch_observer(observer)
+    assert "failing" in names
+
+
+def test_broken_observer_does_not_wedge_the_stream(run_python):
+    """Regression: an observer that raised left the stream busy forever (every later synchronize hung)."""
+    code = """
+import openreg
+def broken(*args):
+    raise RuntimeError("observer bug")
+openreg.add_launch_observer(broken)
+s = openreg.Stream()
+ran = []
+s.launch(ran.append, 1, name="k1")
+s.synchronize()
+t = openreg.Stream()
+t.launch(ran.append, 2, name="k2")
+t.synchronize()
+openreg.remove_launch_observer(broken)
+s.launch(ran.append, 3)
+s.synchronize()
+print(ran)
+"""
+    proc = run_python(code, timeout=20)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[1, 2, 3]"
+    assert "launch observer" in proc.stderr and "failed after k1" in proc.stderr
+    assert "RuntimeError: observer bug" in proc.stderr

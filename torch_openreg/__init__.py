@@ -1,0 +1,26 @@
+"""torch_openreg: the openreg simulated accelerator, plugged into PyTorch as PrivateUse1.
+
+Importing this package (which ``import torch`` does through the
+``torch.backends`` entry point) loads the C++ bridge, renames PrivateUse1 to
+``openreg``, registers ``torch.openreg``, generates the ``Tensor.openreg()``-style
+methods and registers the Python operator kernels.
+"""
+
+import torch
+
+# LITERALINCLUDE START: AUTOLOAD
+from . import _C  # noqa: F401  (registers guard, hooks, allocators, minimal ops)
+
+torch.utils.rename_privateuse1_backend("openreg")
+
+from . import device as _device_module  # noqa: E402
+
+torch._register_device_module("openreg", _device_module)
+torch.utils.generate_methods_for_privateuse1_backend(for_tensor=True, for_module=True, for_storage=True)
+
+from . import aten  # noqa: E402,F401  (operator registrations)
+
+
+def _autoload() -> None:
+    """Entry point of the ``torch.backends`` group: importing this package did the work."""
+# LITERALINCLUDE END: AUTOLOAD

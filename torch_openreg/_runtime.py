@@ -1,0 +1,115 @@
+"""The calls the C++ bridge makes into the openreg runtime, with plain int arguments.
+
+The bridge (``csrc/``) holds no policy: every answer it gives PyTorch comes from
+one of these functions, which only translate between stream ids/pointers and
+runtime objects. Stream pools live here because ``c10::Stream`` names streams by
+id and never frees them, the same way CUDA's stream pool works.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import openreg
+
+device_count = openreg.device_count
+get_device = openreg.get_device
+set_device = openreg.set_device
+exchange_device = openreg.exchange_device
+free = openreg.free
+host_malloc = openreg.host_malloc
+host_free = openreg.host_free
+malloc = openreg.malloc
+
+_POOL_SIZE = 4  # streams per priority per device (CUDA keeps 32; worker threads start lazily)
+_pools: dict[tuple[int, bool], list[openreg.Stream]] = {}
+_next: dict[tuple[int, bool], itertools.count] = {}
+
+
+def init() -> None:
+    """Called once by PyTorch's lazy device init: installs the host-fault reporter."""
+    openreg.fault.install()
+
+
+def pointer_device(ptr: int) -> int:
+    """Owning device of a device pointer, -1 for anything else."""
+    attrs = openreg.pointer_attributes(ptr)
+    return attrs.device if attrs.type == "device" else -1
+
+
+def is_pinned(ptr: int) -> bool:
+    """Whether ``ptr`` lies in pinned host memory from :func:`host_malloc`."""
+    return openreg.pointer_attributes(ptr).type == "host"
+
+
+def has_primary_context(device: int) -> bool:
+    """True once the device has memory or streams in use (its context exists)."""
+    openreg.get_device_properties(device)
+    return openreg.memory_used(device) > 0 or device in openreg.stream._default
+
+
+# LITERALINCLUDE START: BRIDGE STREAMS
+def pool_stream(device: int, high_priority: bool) -> int:
+    """A stream from the device's round-robin pool (``getStreamFromGlobalPool``)."""
+    key = (device, bool(high_priority))
+    pool = _pools.get(key)
+    if pool is None:
+        priority = openreg.PRIORITY_HIGH if high_priority else openreg.PRIORITY_LOW
+        pool = _pools[key] = [openreg.Stream(device, priority) for _ in range(_POOL_SIZE)]
+        _next[key] = itertools.count()
+    return pool[next(_next[key]) % _POOL_SIZE].id
+
+
+def stream_priority(device: int, stream_id: int) -> int:
+    return openreg.get_stream(device, stream_id).priority
+
+
+def current_stream(device: int) -> int:
+    return openreg.current_stream(device).id
+
+
+def set_stream(device: int, stream_id: int) -> int:
+    """Make a stream current for this thread; returns the previous stream's id."""
+    return openreg.set_stream(openreg.get_stream(device, stream_id)).id
+
+
+def query_stream(device: int, stream_id: int) -> bool:
+    return openreg.get_stream(device, stream_id).query()
+
+
+def synchronize_stream(device: int, stream_id: int) -> None:
+    openreg.get_stream(device, stream_id).synchronize()
+
+
+def synchronize_device(device: int) -> None:
+    openreg.synchronize(device)
+# LITERALINCLUDE END: BRIDGE STREAMS
+
+
+def event_record(event: openreg.Event | None, device: int, stream_id: int, timing: bool) -> openreg.Event:
+    """Record (creating the event on first use, as ``cudaEventCreate`` + record)."""
+    if event is None:
+        event = openreg.Event(enable_timing=timing, device=device)
+    event.record(openreg.get_stream(device, stream_id))
+    return event
+
+
+def event_block(event: openreg.Event, device: int, stream_id: int) -> None:
+    openreg.get_stream(device, stream_id).wait_event(event)
+
+
+def event_query(event: openreg.Event) -> bool:
+    return event.query()
+
+
+def event_synchronize(event: openreg.Event) -> None:
+    event.synchronize()
+
+
+def event_elapsed(start: openreg.Event, end: openreg.Event) -> float:
+    return start.elapsed_time(end)
+
+
+def copy_device_to_device(dst: int, src: int, nbytes: int, device: int) -> None:
+    """Stream-ordered device copy on the current stream (used when a storage grows)."""
+    openreg.memcpy_async(dst, src, nbytes, openreg.MemcpyKind.DEVICE_TO_DEVICE, openreg.current_stream(device))

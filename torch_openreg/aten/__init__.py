@@ -1,0 +1,20 @@
+"""Operator registrations for the openreg device (``torch.library``, Python).
+
+The C++ bridge registers the minimal factory and metadata operators; this
+package registers the copies, ``.item()`` and the global fallback that runs any
+other ATen operator's CPU kernel over device memory.
+"""
+
+import torch
+
+from . import copy, fallback
+
+# LITERALINCLUDE START: REGISTER PYTHON KERNELS
+_aten = torch.library.Library("aten", "IMPL")
+_aten.impl("_copy_from", copy.copy_from, "PrivateUse1")
+_aten.impl("_copy_from_and_resize", copy.copy_from_and_resize, "PrivateUse1")
+_aten.impl("_local_scalar_dense", copy.local_scalar_dense, "PrivateUse1")
+
+_global = torch.library.Library("_", "IMPL")
+_global.fallback(fallback.fallback, "PrivateUse1")
+# LITERALINCLUDE END: REGISTER PYTHON KERNELS

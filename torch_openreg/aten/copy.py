@@ -1,0 +1,55 @@
+"""Copies between cpu and openreg and between openreg devices, and ``.item()``.
+
+PyTorch routes every ``copy_`` that involves a PrivateUse1 tensor to
+``aten::_copy_from``. Copies are kernels on the current stream; a copy to or
+from pageable host memory waits for itself (as ``cudaMemcpy`` does), while a
+``non_blocking`` copy with a pinned host side returns at once.
+"""
+
+from __future__ import annotations
+
+import torch
+
+import openreg
+
+from .launch import host_view, launch, run_sync
+
+
+def _copy_into(dst_view: torch.Tensor, src: torch.Tensor) -> None:
+    dst_view.copy_(src)
+
+
+# LITERALINCLUDE START: COPY FROM
+def copy_from(src: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
+    """``aten::_copy_from``: copy ``src`` into ``dst`` where either side is openreg."""
+    if src.device.type == "openreg" and dst.device.type == "openreg":
+        if src.device != dst.device:
+            # Peer copy: run on the destination's stream after the source's pending work.
+            event = openreg.Event()
+            event.record(openreg.current_stream(src.device.index))
+            openreg.current_stream(dst.device.index).wait_event(event)
+        launch(dst.device.index, _copy_into, host_view(dst), host_view(src), tensors=(dst, src), name="copy_d2d")
+        return dst
+    if dst.device.type == "openreg":  # host to device
+        device, tensors, args = dst.device.index, (dst,), (host_view(dst), src)
+        asynchronous = non_blocking and src.is_pinned()
+    else:  # device to host
+        device, tensors, args = src.device.index, (src,), (dst, host_view(src))
+        asynchronous = non_blocking and dst.is_pinned()
+    if asynchronous:
+        launch(device, _copy_into, *args, tensors=tensors, name="copy_async")
+    else:
+        run_sync(device, _copy_into, *args, tensors=tensors, name="copy")
+    return dst
+# LITERALINCLUDE END: COPY FROM
+
+
+def copy_from_and_resize(src: torch.Tensor, dst: torch.Tensor) -> torch.Tensor:
+    """``aten::_copy_from_and_resize``: resize ``dst`` to ``src``'s shape, then copy."""
+    dst.resize_(src.shape)
+    return copy_from(src, dst)
+
+
+def local_scalar_dense(t: torch.Tensor) -> int | float | bool | complex:
+    """``aten::_local_scalar_dense`` (``.item()``): waits for the current stream, reads one value."""
+    return run_sync(t.device.index, lambda v: v.item(), host_view(t), tensors=(t,), name="item")

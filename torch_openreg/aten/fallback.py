@@ -1,0 +1,327 @@
+"""The global fallback: any ATen operator without an openreg kernel runs here.
+
+For an operator call on openreg tensors the fallback
+
+1. checks devices (one openreg device; CPU tensors only as 0-dim scalars),
+2. infers the outputs' metadata by running the operator on ``meta`` tensors
+   (this also raises shape and dtype errors synchronously, at the call),
+3. allocates fresh outputs on the device, makes views share their base's
+   storage, and resizes ``out=`` arguments as the operator would,
+4. launches a kernel on the current stream that runs the CPU kernel over host
+   views of the device buffers, writing straight into the outputs (through the
+   operator's ``out=`` overload when it has one): no copy of the data.
+
+Operators whose output shapes depend on the data (``nonzero``, ``unique``,
+boolean indexing), that return non-tensors, or that have no meta kernel take the
+synchronous path: wait for the stream, run the CPU kernel, copy the (new)
+outputs to the device.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from torch_openreg import _C
+
+from .launch import host_view, launch, run_sync
+
+# LITERALINCLUDE START: NEVER FALLBACK
+# Operators whose CPU kernel would be wrong for device memory: they raise instead.
+NEVER_FALLBACK = {
+    "aten::_pin_memory": "pinning applies to CPU tensors; openreg memory is device memory",
+    "aten::_pin_memory.out": "pinning applies to CPU tensors; openreg memory is device memory",
+    "aten::record_stream": "the openreg allocator does not track streams yet",
+}
+# Operators that may take CPU index tensors alongside openreg tensors (as on CUDA).
+CPU_INDICES_OK = {"aten::index.Tensor", "aten::index_put_", "aten::index_put", "aten::_index_put_impl_"}
+# LITERALINCLUDE END: NEVER FALLBACK
+
+FRESH, VIEW, INPLACE = "fresh", "view", "inplace"
+
+
+class OpInfo:
+    """What the fallback needs to know about one operator overload, read once from its schema."""
+
+    def __init__(self, op: torch._ops.OpOverload) -> None:
+        schema = op._schema
+        self.name = f"{schema.name}.{schema.overload_name}" if schema.overload_name else schema.name
+        self.blocked = NEVER_FALLBACK.get(self.name) or NEVER_FALLBACK.get(schema.name)
+        self.arguments = schema.arguments
+        self.positions = {a.name: i for i, a in enumerate(schema.arguments)}
+        self.generators = [a.name for a in schema.arguments if "Generator" in str(a.type)]
+        alias_args = {}
+        for i, a in enumerate(schema.arguments):
+            if a.alias_info is not None:
+                for s in a.alias_info.before_set:
+                    alias_args[s] = i
+        self.mutates = any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments)
+        self.returns: list[tuple[str, int | None]] = []
+        tensor_only = True
+        for r in schema.returns:
+            kind = str(r.type)
+            if kind not in ("Tensor", "List[Tensor]", "Optional[Tensor]"):
+                tensor_only = False
+            if r.alias_info is None:
+                self.returns.append((FRESH, None))
+            else:
+                arg = alias_args.get(next(iter(r.alias_info.before_set)))
+                self.returns.append((INPLACE if r.alias_info.is_write else VIEW, arg))
+        self.sync_only = not tensor_only
+        self.out_names = self._out_overload_names(op)
+
+    def _out_overload_names(self, op: torch._ops.OpOverload) -> list[str] | None:
+        """Names of the ``out=`` arguments of this functional op's out overload, if it has one."""
+        if not self.returns or any(kind != FRESH for kind, _ in self.returns) or self.mutates:
+            return None
+        overload = op._schema.overload_name
+        candidate = "out" if overload in ("", "default") else f"{overload}_out"
+        out_op = getattr(op.overloadpacket, candidate, None)
+        if out_op is None:
+            return None
+        out_args = out_op._schema.arguments
+        names = [a.name for a in out_args if a.kwarg_only and a.alias_info and a.alias_info.is_write]
+        inputs = [(a.name, str(a.type)) for a in out_args if a.name not in names]
+        if inputs != [(a.name, str(a.type)) for a in op._schema.arguments] or len(names) != len(self.returns):
+            return None
+        if any(str(r.type) != "Tensor" for r in op._schema.returns):
+            return None
+        self.out_op = out_op
+        return names
+
+    def value(self, args: tuple, kwargs: dict, index: int) -> Any:
+        if index < len(args):
+            return args[index]
+        a = self.arguments[index]
+        return kwargs.get(a.name, a.default_value if a.has_default_value() else None)
+
+
+_infos: dict[torch._ops.OpOverload, OpInfo] = {}
+
+
+def _map(value: Any, fn) -> Any:
+    """Apply ``fn`` to every tensor in an argument (tensors and lists of tensors)."""
+    if isinstance(value, torch.Tensor):
+        return fn(value)
+    if isinstance(value, (list, tuple)) and any(isinstance(v, torch.Tensor) for v in value):
+        return type(value)(fn(v) if isinstance(v, torch.Tensor) else v for v in value)
+    return value
+
+
+def _tensors(args: tuple, kwargs: dict) -> list[torch.Tensor]:
+    found = []
+    for value in (*args, *kwargs.values()):
+        if isinstance(value, torch.Tensor):
+            found.append(value)
+        elif isinstance(value, (list, tuple)):
+            found.extend(v for v in value if isinstance(v, torch.Tensor))
+    return found
+
+
+# LITERALINCLUDE START: DEVICE CHECK
+def _device_of(info: OpInfo, tensors: list[torch.Tensor], kwargs: dict) -> torch.device:
+    """The one openreg device of the call; mixed devices are the user's error, reported like CUDA's."""
+    device = None
+    for t in tensors:
+        if t.device.type == "openreg":
+            if device is None:
+                device = t.device
+            elif t.device != device:
+                raise RuntimeError(
+                    f"Expected all tensors to be on the same device, but found at least two devices, "
+                    f"{device} and {t.device}! (in {info.name})"
+                )
+    for t in tensors:
+        if t.device.type != "openreg" and not (t.device.type == "cpu" and (t.dim() == 0 or info.name in CPU_INDICES_OK)):
+            raise RuntimeError(
+                f"Expected all tensors to be on the same device, but found at least two devices, "
+                f"{device or 'openreg'} and {t.device}! (in {info.name}; only 0-dim CPU tensors mix with openreg)"
+            )
+    if device is None:
+        requested = kwargs.get("device")
+        if requested is None:
+            raise RuntimeError(f"{info.name}: no openreg tensor or device in the call")
+        device = torch.device(requested)
+        if device.index is None:
+            device = torch.device("openreg", torch.openreg.current_device())
+    return device
+# LITERALINCLUDE END: DEVICE CHECK
+
+
+def _to_meta(t: torch.Tensor) -> torch.Tensor:
+    if t.device.type != "openreg":
+        return t
+    numel = t.untyped_storage().nbytes() // t.element_size()
+    return torch.empty(numel, dtype=t.dtype, device="meta").as_strided(t.size(), t.stride(), t.storage_offset())
+
+
+def _swap(args: tuple, kwargs: dict, info: OpInfo, device: torch.device, tensor_fn, target: str) -> tuple:
+    """Arguments for a run on ``target`` ('meta' or 'cpu'): tensors mapped, device and generators replaced."""
+    new_args = tuple(_map(a, tensor_fn) for a in args)
+    new_kwargs = {k: _map(v, tensor_fn) for k, v in kwargs.items()}
+    if "device" in new_kwargs and new_kwargs["device"] is not None:
+        new_kwargs["device"] = torch.device(target)
+    if info.generators:
+        new_args, new_kwargs = _with_generators(new_args, new_kwargs, info, device, target)
+    return new_args, new_kwargs
+
+
+def _with_generators(args: tuple, kwargs: dict, info: OpInfo, device: torch.device, target: str) -> tuple:
+    """Random ops draw from the device's generator (its CPU state), never the CPU default one."""
+    args = list(args)
+    for name in info.generators:
+        index = info.positions[name]
+        gen = info.value(args, kwargs, index)
+        if target == "meta":
+            cpu_gen = None
+        else:
+            cpu_gen = _C._cpu_generator(gen if gen is not None else _C._default_generator(device.index))
+        if index < len(args):
+            args[index] = cpu_gen
+        else:
+            kwargs[name] = cpu_gen
+    return tuple(args), kwargs
+
+
+def _pack(results: list) -> Any:
+    if not results:
+        return None
+    return results[0] if len(results) == 1 else tuple(results)
+
+
+# LITERALINCLUDE START: FALLBACK
+def fallback(op: torch._ops.OpOverload, *args: Any, **kwargs: Any) -> Any:
+    """Run ``op`` for openreg tensors: meta for metadata, the CPU kernel on device memory for data."""
+    info = _infos.get(op)
+    if info is None:
+        info = _infos[op] = OpInfo(op)
+    if info.blocked:
+        raise NotImplementedError(f"{info.name} is not supported on the openreg device: {info.blocked}")
+    tensors = _tensors(args, kwargs)
+    device = _device_of(info, tensors, kwargs)
+    if not info.sync_only:
+        meta_args, meta_kwargs = _swap(args, kwargs, info, device, _to_meta, "meta")
+        try:
+            meta = op(*meta_args, **meta_kwargs)
+        except NotImplementedError:
+            info.sync_only = True  # no meta kernel, or data-dependent output shapes
+        except Exception:
+            pass  # data-dependent checks (e.g. boolean masks); the CPU kernel reports real errors
+        else:
+            return _run_async(op, info, args, kwargs, tensors, device, meta)
+    return _run_sync(op, info, args, kwargs, tensors, device)
+# LITERALINCLUDE END: FALLBACK
+
+
+def _outputs(info: OpInfo, args: tuple, kwargs: dict, device: torch.device, meta: Any) -> list:
+    """Allocate fresh outputs, build views, and resize mutated outputs to what the meta run says."""
+    metas = [meta] if len(info.returns) == 1 else list(meta or ())
+    outs = []
+    for (kind, arg), m in zip(info.returns, metas):
+        if kind == FRESH:
+            outs.append(_map(m, lambda t: torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device=device)))
+        elif kind == VIEW:
+            base = info.value(args, kwargs, arg)
+            outs.append(_map(m, lambda t: _view_of(base, t, device)))
+        else:
+            real = info.value(args, kwargs, arg)
+            if isinstance(real, torch.Tensor):
+                _match(real, m)
+            else:
+                for r, mm in zip(real, m):
+                    _match(r, mm)
+            outs.append(real)
+    return outs
+
+
+def _view_of(base: torch.Tensor, m: torch.Tensor, device: torch.device) -> torch.Tensor:
+    view = torch.empty(0, dtype=m.dtype, device=device)
+    return view.set_(base.untyped_storage(), m.storage_offset(), m.size(), m.stride())
+
+
+def _match(real: torch.Tensor, m: torch.Tensor) -> None:
+    """Give an ``out=``/in-place argument the shape and strides the operator gives it (resizing storage)."""
+    if real.size() != m.size() or (real.numel() > 1 and real.stride() != m.stride()):
+        real.set_(real.untyped_storage(), real.storage_offset(), m.size(), m.stride())
+
+
+def _run_async(op, info: OpInfo, args, kwargs, tensors, device: torch.device, meta) -> Any:
+    outs = _outputs(info, args, kwargs, device, meta)
+    if not info.mutates and all(kind == VIEW for kind, _ in info.returns):
+        return _pack(outs)  # a pure view: metadata only, nothing to compute
+    cpu_args, cpu_kwargs = _swap(args, kwargs, info, device, host_view_or_self, "cpu")
+    fresh = [(i, o) for i, ((kind, _), o) in enumerate(zip(info.returns, outs)) if kind == FRESH]
+    written = [t for _, o in fresh for t in (o if isinstance(o, (list, tuple)) else [o])]
+    if info.out_names:
+        for name, (_, o) in zip(info.out_names, fresh):
+            cpu_kwargs[name] = host_view(o)
+        kernel = _out_kernel(info.out_op, cpu_args, cpu_kwargs)
+    else:
+        targets = [(i, _map(o, host_view)) for i, o in fresh]
+        kernel = _copy_kernel(op, cpu_args, cpu_kwargs, targets, len(info.returns))
+    launch(device.index, kernel, tensors=[*tensors, *written], name=info.name)
+    return _pack(outs)
+
+
+def host_view_or_self(t: torch.Tensor) -> torch.Tensor:
+    return host_view(t) if t.device.type == "openreg" else t
+
+
+def _out_kernel(out_op, cpu_args, cpu_kwargs):
+    return lambda: out_op(*cpu_args, **cpu_kwargs)
+
+
+def _copy_kernel(op, cpu_args, cpu_kwargs, targets, nreturns):
+    def kernel() -> None:
+        result = op(*cpu_args, **cpu_kwargs)
+        results = [result] if nreturns == 1 else list(result)
+        for i, view in targets:
+            if isinstance(view, torch.Tensor):
+                view.copy_(results[i])
+            else:
+                for v, r in zip(view, results[i]):
+                    v.copy_(r)
+
+    return kernel
+
+
+# LITERALINCLUDE START: SYNC PATH
+def _run_sync(op, info: OpInfo, args, kwargs, tensors, device: torch.device) -> Any:
+    """Wait for the stream, run the CPU kernel now, and bring new outputs to the device."""
+    cpu_args, cpu_kwargs = _swap(args, kwargs, info, device, host_view_or_self, "cpu")
+    outs_by_name = {}
+    for name in list(cpu_kwargs):
+        index = info.positions.get(name)
+        a = info.arguments[index] if index is not None else None
+        if a is not None and a.kwarg_only and a.alias_info is not None and a.alias_info.is_write:
+            outs_by_name[name] = kwargs[name]  # out=: let the CPU kernel size a host tensor, copy after
+            cpu_kwargs[name] = _map(kwargs[name], lambda t: torch.empty(0, dtype=t.dtype))
+    result = run_sync(device.index, lambda: op(*cpu_args, **cpu_kwargs), tensors=tensors, name=info.name)
+    if not info.returns:
+        return None
+    results = [result] if len(info.returns) == 1 else list(result)
+    final = []
+    for (kind, arg), r in zip(info.returns, results):
+        if kind == FRESH:
+            final.append(_map(r, lambda t: t.to(device)))
+        elif kind == VIEW:
+            base = info.value(args, kwargs, arg)
+            final.append(_map(r, lambda t: _host_alias_to_device(t, base, device)))
+        else:
+            real = info.value(args, kwargs, arg)
+            name = info.arguments[arg].name
+            if name in outs_by_name:
+                _match(real, r)
+                real.copy_(r)
+            final.append(real)
+    return _pack(final)
+# LITERALINCLUDE END: SYNC PATH
+
+
+def _host_alias_to_device(t: torch.Tensor, base: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A CPU view the kernel returned, re-expressed as a view of the openreg ``base``."""
+    start = _C._storage_base(base)
+    offset = (t.data_ptr() - start) // t.element_size()
+    view = torch.empty(0, dtype=t.dtype, device=device)
+    return view.set_(base.untyped_storage(), offset, t.size(), t.stride())

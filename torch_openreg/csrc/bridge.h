@@ -1,0 +1,45 @@
+// The one way the C++ bridge talks to the openreg runtime: call a function of
+// torch_openreg._runtime (Python) with the GIL held, translating runtime errors
+// into PyTorch's C++ errors. No policy lives on this side.
+#pragma once
+
+#include <c10/core/Device.h>
+#include <c10/util/Exception.h>
+#include <pybind11/pybind11.h>
+
+#include <utility>
+
+namespace openreg {
+
+namespace py = pybind11;
+
+// torch_openreg._runtime, imported on first use and kept for the process.
+py::object& runtime();
+
+// True while the interpreter can run Python (false during shutdown).
+bool python_alive();
+
+// Re-raise a Python exception from the runtime as a c10 error
+// (OUT_OF_MEMORY becomes c10::OutOfMemoryError, i.e. torch.OutOfMemoryError).
+[[noreturn]] void rethrow(py::error_already_set& error);
+
+// LITERALINCLUDE START: BRIDGE CALL
+template <typename R = void, typename... Args>
+R call(const char* name, Args&&... args) {
+  py::gil_scoped_acquire gil;
+  try {
+    py::object result = runtime().attr(name)(std::forward<Args>(args)...);
+    if constexpr (!std::is_void_v<R>) {
+      return result.template cast<R>();
+    }
+  } catch (py::error_already_set& error) {
+    rethrow(error);
+  }
+}
+// LITERALINCLUDE END: BRIDGE CALL
+
+inline c10::Device device(c10::DeviceIndex index) {
+  return c10::Device(c10::DeviceType::PrivateUse1, index);
+}
+
+} // namespace openreg

@@ -1,0 +1,66 @@
+// The openreg generator: a GeneratorImpl on the openreg device whose state is a
+// CPU Philox-free MT19937 generator, so that the CPU kernels run by the fallback
+// draw from it directly and openreg random numbers match the CPU's for a seed.
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/core/Generator.h>
+
+#include <mutex>
+#include <vector>
+
+#include "allocator.h"
+#include "bridge.h"
+
+namespace openreg {
+namespace {
+
+// LITERALINCLUDE START: GENERATOR
+struct GeneratorImpl final : public c10::GeneratorImpl {
+  explicit GeneratorImpl(c10::DeviceIndex index, at::Generator cpu = at::detail::createCPUGenerator())
+      : c10::GeneratorImpl(openreg::device(index), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1)), cpu_(std::move(cpu)) {}
+
+  void set_current_seed(uint64_t seed) override { cpu_.set_current_seed(seed); }
+  void set_offset(uint64_t offset) override { cpu_.set_offset(offset); }
+  uint64_t get_offset() const override { return cpu_.get_offset(); }
+  uint64_t current_seed() const override { return cpu_.current_seed(); }
+  uint64_t seed() override { return cpu_.seed(); }
+  void set_state(const c10::TensorImpl& state) override { cpu_.unsafeGetGeneratorImpl()->set_state(state); }
+  c10::intrusive_ptr<c10::TensorImpl> get_state() const override {
+    return cpu_.unsafeGetGeneratorImpl()->get_state();
+  }
+  GeneratorImpl* clone_impl() const override { return new GeneratorImpl(device().index(), cpu_.clone()); }
+
+  at::Generator cpu_;
+};
+// LITERALINCLUDE END: GENERATOR
+
+} // namespace
+
+const at::Generator& default_generator(c10::DeviceIndex index) {
+  static std::once_flag once;
+  static std::vector<at::Generator> generators;
+  std::call_once(once, [] {
+    auto count = call<c10::DeviceIndex>("device_count");
+    for (c10::DeviceIndex i = 0; i < count; ++i) {
+      generators.push_back(at::make_generator<GeneratorImpl>(i));
+    }
+  });
+  if (index == -1) index = call<c10::DeviceIndex>("get_device");
+  TORCH_CHECK(index >= 0 && index < static_cast<c10::DeviceIndex>(generators.size()),
+              "invalid device ordinal ", static_cast<int>(index), " for an openreg generator: openreg has ",
+              generators.size(), " device(s)");
+  return generators[index];
+}
+
+at::Generator new_generator(c10::DeviceIndex index) {
+  if (index == -1) index = call<c10::DeviceIndex>("get_device");
+  default_generator(index); // validates the index
+  return at::make_generator<GeneratorImpl>(index);
+}
+
+at::Generator cpu_generator(const at::Generator& gen) {
+  auto* impl = dynamic_cast<GeneratorImpl*>(gen.unsafeGetGeneratorImpl());
+  TORCH_CHECK(impl, "expected an openreg generator, got one for ", gen.device());
+  return impl->cpu_;
+}
+
+} // namespace openreg

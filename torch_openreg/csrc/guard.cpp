@@ -1,0 +1,103 @@
+// DeviceGuardImplInterface for PrivateUse1: devices, streams and events as
+// PyTorch's device-generic code (autograd engine, torch.Stream, torch.Event,
+// torch.accelerator) sees them. Every method forwards to the runtime.
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+
+#include "bridge.h"
+
+namespace openreg {
+namespace {
+
+constexpr auto kType = c10::DeviceType::PrivateUse1;
+
+c10::Stream make_stream(c10::DeviceIndex index, int64_t id) {
+  return c10::Stream(c10::Stream::UNSAFE, device(index), static_cast<c10::StreamId>(id));
+}
+
+// An event is a runtime Event object; the void* PyTorch holds is its PyObject*.
+py::object borrow(void* event) {
+  return event ? py::reinterpret_borrow<py::object>(static_cast<PyObject*>(event)) : py::none();
+}
+
+// LITERALINCLUDE START: GUARD IMPL
+struct GuardImpl final : public c10::impl::DeviceGuardImplInterface {
+  c10::DeviceType type() const override { return kType; }
+
+  c10::Device exchangeDevice(c10::Device d) const override {
+    TORCH_CHECK(d.type() == kType, "expected an openreg device, got ", d);
+    return device(call<c10::DeviceIndex>("exchange_device", d.index()));
+  }
+  c10::Device getDevice() const override { return device(call<c10::DeviceIndex>("get_device")); }
+  void setDevice(c10::Device d) const override {
+    TORCH_CHECK(d.type() == kType, "expected an openreg device, got ", d);
+    call("set_device", d.index());
+  }
+  void uncheckedSetDevice(c10::Device d) const noexcept override {
+    try {
+      call("set_device", d.index());
+    } catch (...) {
+    }
+  }
+  c10::DeviceIndex deviceCount() const noexcept override {
+    try {
+      return call<c10::DeviceIndex>("device_count");
+    } catch (...) {
+      return 0; // must not throw: a broken runtime reports no devices
+    }
+  }
+
+  c10::Stream getStream(c10::Device d) const override {
+    return make_stream(d.index(), call<int64_t>("current_stream", d.index()));
+  }
+  c10::Stream getDefaultStream(c10::Device d) const override { return make_stream(d.index(), 0); }
+  c10::Stream getStreamFromGlobalPool(c10::Device d, bool high) const override {
+    return make_stream(d.index(), call<int64_t>("pool_stream", d.index(), high));
+  }
+  c10::Stream getNewStream(c10::Device d, int priority) const override {
+    return getStreamFromGlobalPool(d, priority < 0);
+  }
+  c10::Stream exchangeStream(c10::Stream s) const override {
+    return make_stream(s.device_index(), call<int64_t>("set_stream", s.device_index(), s.id()));
+  }
+  bool queryStream(const c10::Stream& s) const override {
+    return call<bool>("query_stream", s.device_index(), s.id());
+  }
+  void synchronizeStream(const c10::Stream& s) const override {
+    call("synchronize_stream", s.device_index(), s.id());
+  }
+  void synchronizeDevice(c10::DeviceIndex index) const override { call("synchronize_device", index); }
+
+  void record(void** event, const c10::Stream& s, c10::DeviceIndex index, c10::EventFlag flag) const override {
+    TORCH_CHECK(index == -1 || index == s.device_index(), "event on openreg:", index,
+                " cannot be recorded on a stream of openreg:", s.device_index());
+    py::gil_scoped_acquire gil;
+    py::object ev = call<py::object>("event_record", borrow(*event), s.device_index(), s.id(),
+                                     flag == c10::EventFlag::BACKEND_DEFAULT);
+    if (*event == nullptr) {
+      *event = ev.release().ptr(); // owned by PyTorch until destroyEvent
+    }
+  }
+  void block(void* event, const c10::Stream& s) const override {
+    if (event) call("event_block", borrow(event), s.device_index(), s.id());
+  }
+  bool queryEvent(void* event) const override { return !event || call<bool>("event_query", borrow(event)); }
+  void synchronizeEvent(void* event) const override {
+    if (event) call("event_synchronize", borrow(event));
+  }
+  double elapsedTime(void* start, void* end, c10::DeviceIndex) const override {
+    TORCH_CHECK(start && end, "elapsed_time: both events must be recorded first");
+    return call<double>("event_elapsed", borrow(start), borrow(end));
+  }
+  void destroyEvent(void* event, c10::DeviceIndex) const noexcept override {
+    if (event && python_alive()) {
+      py::gil_scoped_acquire gil;
+      Py_DECREF(static_cast<PyObject*>(event));
+    }
+  }
+};
+// LITERALINCLUDE END: GUARD IMPL
+
+C10_REGISTER_GUARD_IMPL(PrivateUse1, GuardImpl);
+
+} // namespace
+} // namespace openreg

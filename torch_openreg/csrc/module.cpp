@@ -1,0 +1,42 @@
+// torch_openreg._C: loading it registers the guard, hooks, allocators and the
+// minimal operators; it also exposes the two helpers the Python kernels need.
+#include <ATen/ops/empty_strided.h>
+#include <ATen/ops/from_blob.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include "allocator.h"
+#include "bridge.h"
+
+namespace openreg {
+
+void register_hooks();
+
+// LITERALINCLUDE START: HOST VIEW
+// A CPU tensor over the same bytes as an openreg tensor (same sizes, strides,
+// offset and dtype): what a kernel computes on while the runtime grants access.
+at::Tensor host_view(const at::Tensor& t) {
+  TORCH_CHECK(t.device().is_privateuseone(), "host_view expects an openreg tensor, got one on ", t.device());
+  void* base = t.storage().mutable_data();
+  if (base == nullptr) {
+    return at::empty_strided(t.sizes(), t.strides(), t.options().device(c10::kCPU));
+  }
+  return at::for_blob(base, t.sizes())
+      .strides(t.strides())
+      .storage_offset(t.storage_offset())
+      .options(t.options().device(c10::kCPU))
+      .target_device(c10::Device(c10::kCPU))
+      .make_tensor();
+}
+// LITERALINCLUDE END: HOST VIEW
+
+} // namespace openreg
+
+PYBIND11_MODULE(_C, m) {
+  openreg::register_hooks();
+  m.def("_host_view", &openreg::host_view, "CPU tensor aliasing an openreg tensor's device memory");
+  m.def("_cpu_generator", &openreg::cpu_generator, "the CPU generator an openreg generator forwards to");
+  m.def("_default_generator", [](c10::DeviceIndex index) { return openreg::default_generator(index); },
+        "the default generator of an openreg device");
+  m.def("_storage_base", [](const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.storage().data()); },
+        "device pointer of a tensor's storage (what kernels name as their buffers)");
+}

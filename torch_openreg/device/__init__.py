@@ -1,0 +1,184 @@
+"""``torch.openreg``: the device module, shaped like ``torch.cuda``.
+
+Initialization is lazy (the first call that needs the device runs
+``_lazy_init``), calls made before it are queued (``_lazy_call``), and a process
+forked after initialization refuses to use the device, like CUDA.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import traceback
+from typing import Any, Callable
+
+import torch
+
+import openreg as _rt
+
+from .random import (
+    default_generators,
+    get_rng_state,
+    get_rng_state_all,
+    initial_seed,
+    manual_seed,
+    manual_seed_all,
+    seed,
+    seed_all,
+    set_rng_state,
+    set_rng_state_all,
+)
+from .streams import Event, Stream, current_stream, default_stream, set_stream, stream
+
+__all__ = [
+    "Event", "Stream", "current_device", "current_stream", "default_generators", "default_stream", "device",
+    "device_count", "get_device_capability", "get_device_name", "get_device_properties", "get_rng_state",
+    "get_rng_state_all", "init", "initial_seed", "is_available", "is_initialized", "manual_seed",
+    "manual_seed_all", "seed", "seed_all", "set_device", "set_rng_state", "set_rng_state_all", "set_stream",
+    "stream", "synchronize",
+]
+
+_initialized = False
+_in_bad_fork = False
+_init_lock = threading.Lock()
+_queued_calls: list[tuple[Callable[[], None], list[str]]] = []
+
+
+# LITERALINCLUDE START: LAZY INIT
+def is_initialized() -> bool:
+    """Whether the device runtime has been initialized in this process."""
+    return _initialized and not _in_bad_fork
+
+
+def _is_in_bad_fork() -> bool:
+    return _in_bad_fork
+
+
+def _lazy_call(fn: Callable[[], None]) -> None:
+    """Run ``fn`` now if initialized, else when initialization happens (e.g. seeding)."""
+    if is_initialized():
+        fn()
+    else:
+        _queued_calls.append((fn, traceback.format_stack()))
+
+
+def _lazy_init() -> None:
+    global _initialized
+    if is_initialized():
+        return
+    with _init_lock:
+        if is_initialized():
+            return
+        if _in_bad_fork:
+            raise RuntimeError(
+                "Cannot re-initialize OpenReg in forked subprocess. To use OpenReg with "
+                "multiprocessing, you must use the 'spawn' start method"
+            )
+        _rt.fault.install()
+        _initialized = True
+        for fn, stack in _queued_calls:
+            try:
+                fn()
+            except Exception as exc:
+                raise RuntimeError(f"OpenReg call failed lazily at initialization: {exc}\nQueued at:\n"
+                                   + "".join(stack)) from exc
+        _queued_calls.clear()
+
+
+def init() -> None:
+    """Initialize the device now rather than on first use."""
+    _lazy_init()
+
+
+def _after_fork_in_child() -> None:
+    global _initialized, _in_bad_fork
+    if _initialized:
+        _in_bad_fork = True
+    _initialized = False
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+# LITERALINCLUDE END: LAZY INIT
+
+
+def is_available() -> bool:
+    """True when the runtime reports at least one device."""
+    return _rt.device_count() > 0
+
+
+def device_count() -> int:
+    """Number of openreg devices."""
+    return _rt.device_count()
+
+
+def _index(device: Any) -> int:
+    """Turn ``None``/int/str/torch.device into a device index, checking it is openreg."""
+    if device is None:
+        return current_device()
+    if isinstance(device, int):
+        return device
+    device = torch.device(device)
+    if device.type != "openreg":
+        raise ValueError(f"expected an openreg device, got {device}")
+    return current_device() if device.index is None else device.index
+
+
+def current_device() -> int:
+    """Index of the calling thread's current device."""
+    _lazy_init()
+    return _rt.get_device()
+
+
+def set_device(device: Any) -> None:
+    """Set the calling thread's current device."""
+    _lazy_init()
+    index = _index(device)
+    if index >= 0:
+        torch._C._accelerator_setDeviceIndex(index)
+
+
+class device:
+    """Context manager that changes the current device (like ``torch.cuda.device``)."""
+
+    def __init__(self, device: Any) -> None:
+        self.idx = -1 if device is None else _index(device)
+        self.prev_idx = -1
+
+    def __enter__(self) -> None:
+        _lazy_init()
+        self.prev_idx = torch._C._accelerator_exchangeDevice(self.idx)
+
+    def __exit__(self, *exc: object) -> None:
+        self.idx = torch._C._accelerator_maybeExchangeDevice(self.prev_idx)
+
+
+def synchronize(device: Any = None) -> None:
+    """Wait for all work on a device (default: current), raising errors of failed kernels."""
+    _lazy_init()
+    torch._C._accelerator_synchronizeDevice(_index(device))
+
+
+def get_device_properties(device: Any = None) -> _rt.DeviceProperties:
+    """Name, total memory, capability and processor count of a device."""
+    _lazy_init()
+    return _rt.get_device_properties(_index(device))
+
+
+def get_device_name(device: Any = None) -> str:
+    """Name of a device."""
+    return get_device_properties(device).name
+
+
+def get_device_capability(device: Any = None) -> tuple[int, int]:
+    """``(major, minor)`` of a device."""
+    props = get_device_properties(device)
+    return props.major, props.minor
+
+
+def get_amp_supported_dtype() -> list[torch.dtype]:
+    """Lower-precision dtypes autocast may use on openreg."""
+    return [torch.float16, torch.bfloat16]
+
+
+def _get_device_index(device: Any = None, optional: bool = False) -> int:
+    return _index(device)
