@@ -252,8 +252,8 @@ def _run_async(op, info: OpInfo, args, kwargs, tensors, device: torch.device, me
         return _pack(outs)  # a pure view: metadata only, nothing to compute
     cpu_args, cpu_kwargs = _swap(args, kwargs, info, device, host_view_or_self, "cpu")
     fresh = [(i, o) for i, ((kind, _), o) in enumerate(zip(info.returns, outs)) if kind == FRESH]
-    written = [t for _, o in fresh for t in (o if isinstance(o, (list, tuple)) else [o])]
-    if info.out_names:
+    written = [t for _, o in fresh for t in (o if isinstance(o, (list, tuple)) else [o]) if t is not None]
+    if info.out_names and all(o is not None for _, o in fresh):
         for name, (_, o) in zip(info.out_names, fresh):
             cpu_kwargs[name] = host_view(o)
         kernel = _out_kernel(info.out_op, cpu_args, cpu_kwargs)
@@ -277,6 +277,8 @@ def _copy_kernel(op, cpu_args, cpu_kwargs, targets, nreturns):
         result = op(*cpu_args, **cpu_kwargs)
         results = [result] if nreturns == 1 else list(result)
         for i, view in targets:
+            if view is None:
+                continue
             if isinstance(view, torch.Tensor):
                 view.copy_(results[i])
             else:
@@ -325,3 +327,22 @@ def _host_alias_to_device(t: torch.Tensor, base: torch.Tensor, device: torch.dev
     offset = (t.data_ptr() - start) // t.element_size()
     view = torch.empty(0, dtype=t.dtype, device=device)
     return view.set_(base.untyped_storage(), offset, t.size(), t.stride())
+
+
+# LITERALINCLUDE START: OVERRIDEABLE
+def convolution_overrideable(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
+    """PyTorch sends convolutions of non-CPU/CUDA backends here; compute them as ``aten::convolution``."""
+    conv = torch.ops.aten.convolution.default
+    return fallback(conv, input, weight, bias, stride, padding, dilation, transposed, output_padding, groups)
+
+
+def convolution_backward_overrideable(
+    grad_output, input, weight, stride, padding, dilation, transposed, output_padding, groups, output_mask
+):
+    """The backward of :func:`convolution_overrideable`, as ``aten::convolution_backward``."""
+    bias_sizes = [weight.size(1) * groups if transposed else weight.size(0)]
+    return fallback(
+        torch.ops.aten.convolution_backward.default, grad_output, input, weight, bias_sizes, stride, padding,
+        dilation, transposed, output_padding, groups, output_mask,
+    )
+# LITERALINCLUDE END: OVERRIDEABLE
