@@ -83,6 +83,25 @@ def test_faulthandler_enabled_later_replaces_the_reporter(run_python):
     assert not _REPORT.search(proc.stderr)
 
 
+def test_kernel_touching_a_buffer_it_did_not_name_is_reported(run_python):
+    """Only the buffers named at launch are opened: a kernel reaching for another faults on its worker thread."""
+    code = """
+import ctypes, time
+import openreg
+named, other = openreg.malloc(64), openreg.malloc(32)
+print(hex(other), flush=True)
+openreg.Stream().launch(lambda: ctypes.string_at(other, 4), buffers=[named], name="sloppy")
+time.sleep(10)  # the worker thread faults meanwhile
+print("survived", flush=True)
+"""
+    proc = run_python(code)
+    ptr = int(proc.stdout.split()[0], 16)
+    assert proc.returncode == SIGSEGV, (proc.returncode, proc.stderr)
+    match = _REPORT.search(proc.stderr)
+    assert match, proc.stderr
+    assert match.groups() == (hex(ptr), "0", "inside", hex(ptr), "32", "0")
+
+
 def test_kernel_may_read_the_same_buffer(run_python):
     """The same read, inside a kernel that names the buffer, works (and sees zeroed memory)."""
     code = """
