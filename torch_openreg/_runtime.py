@@ -26,6 +26,11 @@ _pools: dict[tuple[int, bool], list[openreg.Stream]] = {}
 _next: dict[tuple[int, bool], itertools.count] = {}
 
 
+def _dev(device: int) -> int:
+    """PyTorch says -1 for "the current device"."""
+    return openreg.get_device() if device < 0 else device
+
+
 def init() -> None:
     """Called once by PyTorch's lazy device init: installs the host-fault reporter."""
     openreg.fault.install()
@@ -51,6 +56,7 @@ def has_primary_context(device: int) -> bool:
 # LITERALINCLUDE START: BRIDGE STREAMS
 def pool_stream(device: int, high_priority: bool) -> int:
     """A stream from the device's round-robin pool (``getStreamFromGlobalPool``)."""
+    device = _dev(device)
     key = (device, bool(high_priority))
     pool = _pools.get(key)
     if pool is None:
@@ -61,41 +67,41 @@ def pool_stream(device: int, high_priority: bool) -> int:
 
 
 def stream_priority(device: int, stream_id: int) -> int:
-    return openreg.get_stream(device, stream_id).priority
+    return openreg.get_stream(_dev(device), stream_id).priority
 
 
 def current_stream(device: int) -> int:
-    return openreg.current_stream(device).id
+    return openreg.current_stream(_dev(device)).id
 
 
 def set_stream(device: int, stream_id: int) -> int:
     """Make a stream current for this thread; returns the previous stream's id."""
-    return openreg.set_stream(openreg.get_stream(device, stream_id)).id
+    return openreg.set_stream(openreg.get_stream(_dev(device), stream_id)).id
 
 
 def query_stream(device: int, stream_id: int) -> bool:
-    return openreg.get_stream(device, stream_id).query()
+    return openreg.get_stream(_dev(device), stream_id).query()
 
 
 def synchronize_stream(device: int, stream_id: int) -> None:
-    openreg.get_stream(device, stream_id).synchronize()
+    openreg.get_stream(_dev(device), stream_id).synchronize()
 
 
 def synchronize_device(device: int) -> None:
-    openreg.synchronize(device)
+    openreg.synchronize(_dev(device))
 # LITERALINCLUDE END: BRIDGE STREAMS
 
 
 def event_record(event: openreg.Event | None, device: int, stream_id: int, timing: bool) -> openreg.Event:
     """Record (creating the event on first use, as ``cudaEventCreate`` + record)."""
     if event is None:
-        event = openreg.Event(enable_timing=timing, device=device)
-    event.record(openreg.get_stream(device, stream_id))
+        event = openreg.Event(enable_timing=timing, device=_dev(device))
+    event.record(openreg.get_stream(_dev(device), stream_id))
     return event
 
 
 def event_block(event: openreg.Event, device: int, stream_id: int) -> None:
-    openreg.get_stream(device, stream_id).wait_event(event)
+    openreg.get_stream(_dev(device), stream_id).wait_event(event)
 
 
 def event_query(event: openreg.Event) -> bool:

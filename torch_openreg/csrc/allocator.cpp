@@ -9,13 +9,9 @@
 namespace openreg {
 namespace {
 
-void free_device(void* ptr) {
-  if (python_alive()) call("free", reinterpret_cast<uintptr_t>(ptr));
-}
+void free_device(void* ptr) { call_quietly("free", reinterpret_cast<uintptr_t>(ptr)); }
 
-void free_host(void* ptr) {
-  if (python_alive()) call("host_free", reinterpret_cast<uintptr_t>(ptr));
-}
+void free_host(void* ptr) { call_quietly("host_free", reinterpret_cast<uintptr_t>(ptr)); }
 
 // LITERALINCLUDE START: DEVICE ALLOCATOR
 struct DeviceAllocator final : public c10::Allocator {

@@ -38,6 +38,22 @@ R call(const char* name, Args&&... args) {
 }
 // LITERALINCLUDE END: BRIDGE CALL
 
+// For destructors and deleters: call without throwing and without disturbing a
+// Python error that may be pending on this thread (a deleter often runs while
+// an exception unwinds through Python).
+template <typename... Args>
+void call_quietly(const char* name, Args&&... args) noexcept {
+  if (!python_alive()) return; // interpreter shutdown: the process is releasing everything anyway
+  py::gil_scoped_acquire gil;
+  py::error_scope pending;
+  try {
+    runtime().attr(name)(std::forward<Args>(args)...);
+  } catch (py::error_already_set& error) {
+    error.discard_as_unraisable(name);
+  } catch (...) {
+  }
+}
+
 inline c10::Device device(c10::DeviceIndex index) {
   return c10::Device(c10::DeviceType::PrivateUse1, index);
 }

@@ -46,12 +46,16 @@ struct GuardImpl final : public c10::impl::DeviceGuardImplInterface {
     }
   }
 
+  // Streams name a concrete device: -1 ("current") is resolved here.
+  c10::DeviceIndex resolve(c10::Device d) const { return d.index() == -1 ? getDevice().index() : d.index(); }
   c10::Stream getStream(c10::Device d) const override {
-    return make_stream(d.index(), call<int64_t>("current_stream", d.index()));
+    auto index = resolve(d);
+    return make_stream(index, call<int64_t>("current_stream", index));
   }
-  c10::Stream getDefaultStream(c10::Device d) const override { return make_stream(d.index(), 0); }
+  c10::Stream getDefaultStream(c10::Device d) const override { return make_stream(resolve(d), 0); }
   c10::Stream getStreamFromGlobalPool(c10::Device d, bool high) const override {
-    return make_stream(d.index(), call<int64_t>("pool_stream", d.index(), high));
+    auto index = resolve(d);
+    return make_stream(index, call<int64_t>("pool_stream", index, high));
   }
   c10::Stream getNewStream(c10::Device d, int priority) const override {
     return getStreamFromGlobalPool(d, priority < 0);
@@ -91,6 +95,7 @@ struct GuardImpl final : public c10::impl::DeviceGuardImplInterface {
   void destroyEvent(void* event, c10::DeviceIndex) const noexcept override {
     if (event && python_alive()) {
       py::gil_scoped_acquire gil;
+      py::error_scope pending;
       Py_DECREF(static_cast<PyObject*>(event));
     }
   }

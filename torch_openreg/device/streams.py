@@ -11,45 +11,53 @@ from typing import Any
 import torch
 
 
-class Stream(torch.Stream):
-    """An openreg stream: ``Stream(device=None, priority=0)``; lower priority numbers are more urgent."""
+# LITERALINCLUDE START: STREAM CLASSES
+class _OpenRegType(type):
+    """``isinstance(x, torch.openreg.Stream)`` holds for any openreg ``torch.Stream`` (same for Event)."""
 
-    def __new__(cls, device: Any = None, priority: int = 0, **kwargs: Any) -> Stream:
-        if "stream_id" in kwargs:
-            return super().__new__(cls, **kwargs)
+    def __instancecheck__(cls, obj: object) -> bool:
+        return isinstance(obj, cls._base) and obj.device.type == "openreg"
+
+
+class Stream(metaclass=_OpenRegType):
+    """``torch.openreg.Stream(device=None, priority=0)``: a ``torch.Stream`` on an openreg device.
+
+    PyTorch's C++ methods of ``torch.Stream``/``torch.Event`` accept only their exact
+    types, so these classes build plain ``torch.Stream``/``torch.Event`` objects
+    instead of subclassing them.
+    """
+
+    _base = torch.Stream
+
+    def __new__(cls, device: Any = None, priority: int = 0) -> torch.Stream:
         from . import _index, _lazy_init
 
         _lazy_init()
-        return super().__new__(cls, device=torch.device("openreg", _index(device)), priority=priority)
-
-    def __repr__(self) -> str:
-        return f"<torch.openreg.Stream device={self.device} stream_id={self.stream_id}>"
+        return torch.Stream(device=torch.device("openreg", _index(device)), priority=priority)
 
 
-class Event(torch.Event):
-    """An openreg event: ``Event(enable_timing=False)``."""
+class Event(metaclass=_OpenRegType):
+    """``torch.openreg.Event(enable_timing=False)``: a ``torch.Event`` on openreg."""
 
-    def __new__(cls, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False) -> Event:
-        return super().__new__(cls, device="openreg", enable_timing=enable_timing, blocking=blocking,
-                               interprocess=interprocess)
+    _base = torch.Event
 
-
-def _wrap(s: torch.Stream) -> Stream:
-    return Stream(stream_id=s.stream_id, device_index=s.device_index, device_type=s.device_type)
+    def __new__(cls, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False) -> torch.Event:
+        return torch.Event(device="openreg", enable_timing=enable_timing, blocking=blocking, interprocess=interprocess)
+# LITERALINCLUDE END: STREAM CLASSES
 
 
-def current_stream(device: Any = None) -> Stream:
+def current_stream(device: Any = None) -> torch.Stream:
     """The calling thread's current stream on a device."""
     from . import _index, _lazy_init
 
     _lazy_init()
-    return _wrap(torch._C._accelerator_getStream(_index(device)))
+    return torch._C._accelerator_getStream(_index(device))
 
 
-def default_stream(device: Any = None) -> Stream:
+def default_stream(device: Any = None) -> torch.Stream:
     """The default stream (id 0) of a device."""
     s = current_stream(device)
-    return Stream(stream_id=0, device_index=s.device_index, device_type=s.device_type)
+    return torch.Stream(stream_id=0, device_index=s.device_index, device_type=s.device_type)
 
 
 def set_stream(stream: torch.Stream) -> None:
