@@ -20,7 +20,8 @@ class Event:
         self._time_ns: int | None = None
 
     def __repr__(self) -> str:
-        return f"openreg.Event(device={self.device}, enable_timing={self.enable_timing}, recorded={self._queue is not None})"
+        recorded = self._queue is not None
+        return f"openreg.Event(device={self.device}, enable_timing={self.enable_timing}, recorded={recorded})"
 
     # LITERALINCLUDE START: EVENT RECORD
     def record(self, stream: Stream | None = None) -> None:
@@ -58,7 +59,7 @@ class Event:
         if self._queue is not None:
             self._queue.wait_for(self._seq)
 
-    def elapsed_time(self, end: "Event") -> float:
+    def elapsed_time(self, end: Event) -> float:
         """Milliseconds between this event and ``end``, both recorded, timed and complete."""
         for event, which in ((self, "start"), (end, "end")):
             if not event.enable_timing:

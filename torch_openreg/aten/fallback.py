@@ -133,7 +133,8 @@ def _device_of(info: OpInfo, tensors: list[torch.Tensor], kwargs: dict) -> torch
                     f"{device} and {t.device}! (in {info.name})"
                 )
     for t in tensors:
-        if t.device.type != "openreg" and not (t.device.type == "cpu" and (t.dim() == 0 or info.name in CPU_INDICES_OK)):
+        cpu_ok = t.device.type == "cpu" and (t.dim() == 0 or info.name in CPU_INDICES_OK)
+        if t.device.type != "openreg" and not cpu_ok:
             raise RuntimeError(
                 f"Expected all tensors to be on the same device, but found at least two devices, "
                 f"{device or 'openreg'} and {t.device}! (in {info.name}; only 0-dim CPU tensors mix with openreg)"
@@ -223,7 +224,7 @@ def _outputs(info: OpInfo, args: tuple, kwargs: dict, device: torch.device, meta
             outs.append(_map(m, lambda t: torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device=device)))
         elif kind == VIEW:
             base = info.value(args, kwargs, arg)
-            outs.append(_map(m, lambda t: _view_of(base, t, device)))
+            outs.append(_map(m, lambda t, base=base: _view_of(base, t, device)))
         else:
             real = info.value(args, kwargs, arg)
             if isinstance(real, torch.Tensor):
@@ -309,7 +310,7 @@ def _run_sync(op, info: OpInfo, args, kwargs, tensors, device: torch.device) -> 
             final.append(_map(r, lambda t: t.to(device)))
         elif kind == VIEW:
             base = info.value(args, kwargs, arg)
-            final.append(_map(r, lambda t: _host_alias_to_device(t, base, device)))
+            final.append(_map(r, lambda t, base=base: _host_alias_to_device(t, base, device)))
         else:
             real = info.value(args, kwargs, arg)
             name = info.arguments[arg].name

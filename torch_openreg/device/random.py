@@ -10,9 +10,8 @@ from typing import Any
 
 import torch
 
-from torch_openreg import _C
-
 import openreg as _rt
+from torch_openreg import _C
 
 
 class _DefaultGenerators(tuple):
