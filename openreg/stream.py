@@ -22,7 +22,8 @@ import threading
 import time
 import traceback
 import weakref
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from . import memory
 from .device import check_device, device_count, get_device
@@ -190,7 +191,7 @@ class Stream:
         """Sequence number of the last launch (what an event recorded now would wait for)."""
         return self._q.launched
 
-    def wait_event(self, event: "Event") -> None:  # noqa: F821 - defined in event.py
+    def wait_event(self, event: Event) -> None:  # noqa: F821 - defined in event.py
         """Make later work on this stream wait for ``event`` (``cudaStreamWaitEvent``)."""
         target = event.pending()
         if target is None:
@@ -207,8 +208,8 @@ def _report(q: _Queue) -> None:
         raise error
 
 
-_streams: "weakref.WeakValueDictionary[tuple[int, int], Stream]" = weakref.WeakValueDictionary()
-_queues: "weakref.WeakValueDictionary[tuple[int, int], _Queue]" = weakref.WeakValueDictionary()
+_streams: weakref.WeakValueDictionary[tuple[int, int], Stream] = weakref.WeakValueDictionary()
+_queues: weakref.WeakValueDictionary[tuple[int, int], _Queue] = weakref.WeakValueDictionary()
 _observers: list[Callable[[str, int, int, int, int], None]] = []
 _default: dict[int, Stream] = {}
 _local = threading.local()

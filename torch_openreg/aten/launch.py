@@ -8,7 +8,8 @@ opens those storages only while the closure runs.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
