@@ -191,6 +191,47 @@ def _pack(results: list) -> Any:
     return results[0] if len(results) == 1 else tuple(results)
 
 
+# LITERALINCLUDE START: META CACHE
+_META_CACHE_SIZE = 8192
+_meta_cache: dict[tuple, Any] = {}
+
+
+def _key_of(value: Any) -> Any:
+    """A hashable description of an argument as far as output metadata can depend on it."""
+    if isinstance(value, torch.Tensor):
+        if value.device.type == "openreg":
+            return (value.dtype, value.shape, value.stride(), value.storage_offset(), value.untyped_storage().nbytes())
+        return (value.device, value.dtype, value.shape, value.stride())  # CPU scalars and indices
+    if isinstance(value, (list, tuple)):
+        return tuple(_key_of(v) for v in value)
+    if isinstance(value, torch.Generator):
+        return None
+    return value
+
+
+def _meta_outputs(op, info: OpInfo, args: tuple, kwargs: dict, device: torch.device) -> Any:
+    """Output metadata from a meta run, memoized by operator and argument metadata.
+
+    A meta run costs 20-200 us; the same call shapes recur every training step.
+    The cached meta tensors are only ever read.
+    """
+    try:
+        key = (op, _key_of(args), tuple((k, _key_of(v)) for k, v in kwargs.items()))
+        hash(key)
+    except TypeError:
+        key = None
+    if key is not None and key in _meta_cache:
+        return _meta_cache[key]
+    meta_args, meta_kwargs = _swap(args, kwargs, info, device, _to_meta, "meta")
+    meta = op(*meta_args, **meta_kwargs)
+    if key is not None:
+        if len(_meta_cache) >= _META_CACHE_SIZE:
+            _meta_cache.clear()
+        _meta_cache[key] = meta
+    return meta
+# LITERALINCLUDE END: META CACHE
+
+
 # LITERALINCLUDE START: FALLBACK
 def fallback(op: torch._ops.OpOverload, *args: Any, **kwargs: Any) -> Any:
     """Run ``op`` for openreg tensors: meta for metadata, the CPU kernel on device memory for data."""
@@ -202,9 +243,8 @@ def fallback(op: torch._ops.OpOverload, *args: Any, **kwargs: Any) -> Any:
     tensors = _tensors(args, kwargs)
     device = _device_of(info, tensors, kwargs)
     if not info.sync_only:
-        meta_args, meta_kwargs = _swap(args, kwargs, info, device, _to_meta, "meta")
         try:
-            meta = op(*meta_args, **meta_kwargs)
+            meta = _meta_outputs(op, info, args, kwargs, device)
         except NotImplementedError:
             info.sync_only = True  # no meta kernel, or data-dependent output shapes
         except Exception:
