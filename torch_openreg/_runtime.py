@@ -12,6 +12,7 @@ import itertools
 
 import openreg
 
+# LITERALINCLUDE START: BRIDGE DEVICES
 device_count = openreg.device_count
 get_device = openreg.get_device
 set_device = openreg.set_device
@@ -51,6 +52,7 @@ def has_primary_context(device: int) -> bool:
     """True once the device has memory or streams in use (its context exists)."""
     openreg.get_device_properties(device)
     return openreg.memory_used(device) > 0 or device in openreg.stream._default
+# LITERALINCLUDE END: BRIDGE DEVICES
 
 
 # LITERALINCLUDE START: BRIDGE STREAMS
@@ -92,6 +94,7 @@ def synchronize_device(device: int) -> None:
 # LITERALINCLUDE END: BRIDGE STREAMS
 
 
+# LITERALINCLUDE START: BRIDGE EVENTS
 def event_record(event: openreg.Event | None, device: int, stream_id: int, timing: bool) -> openreg.Event:
     """Record (creating the event on first use, as ``cudaEventCreate`` + record)."""
     if event is None:
@@ -114,6 +117,7 @@ def event_synchronize(event: openreg.Event) -> None:
 
 def event_elapsed(start: openreg.Event, end: openreg.Event) -> float:
     return start.elapsed_time(end)
+# LITERALINCLUDE END: BRIDGE EVENTS
 
 
 def copy_device_to_device(dst: int, src: int, nbytes: int, device: int) -> None:

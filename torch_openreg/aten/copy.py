@@ -50,6 +50,8 @@ def copy_from_and_resize(src: torch.Tensor, dst: torch.Tensor) -> torch.Tensor:
     return copy_from(src, dst)
 
 
+# LITERALINCLUDE START: LOCAL SCALAR DENSE
 def local_scalar_dense(t: torch.Tensor) -> int | float | bool | complex:
     """``aten::_local_scalar_dense`` (``.item()``): waits for the current stream, reads one value."""
     return run_sync(t.device.index, lambda v: v.item(), host_view(t), tensors=(t,), name="item")
+# LITERALINCLUDE END: LOCAL SCALAR DENSE

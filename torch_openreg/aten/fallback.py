@@ -43,6 +43,7 @@ CPU_INDICES_OK = {
 FRESH, VIEW, INPLACE = "fresh", "view", "inplace"
 
 
+# LITERALINCLUDE START: OP INFO
 class OpInfo:
     """What the fallback needs to know about one operator overload, read once from its schema."""
 
@@ -100,6 +101,7 @@ class OpInfo:
             return args[index]
         a = self.arguments[index]
         return kwargs.get(a.name, a.default_value if a.has_default_value() else None)
+# LITERALINCLUDE END: OP INFO
 
 
 _infos: dict[torch._ops.OpOverload, OpInfo] = {}
@@ -242,6 +244,7 @@ def _meta_outputs(op, info: OpInfo, args: tuple, kwargs: dict, device: torch.dev
 _NUMBERS = (bool, int, float, complex)
 
 
+# LITERALINCLUDE START: WRAP NUMBERS
 def _wrap_numbers(info: OpInfo, args: tuple, kwargs: dict) -> tuple:
     """Turn Python numbers passed for ``Tensor`` arguments back into 0-dim CPU tensors.
 
@@ -263,6 +266,7 @@ def _wrap_numbers(info: OpInfo, args: tuple, kwargs: dict) -> tuple:
         else:
             kwargs[info.arguments[i].name] = wrapped
     return tuple(args), kwargs
+# LITERALINCLUDE END: WRAP NUMBERS
 
 
 # LITERALINCLUDE START: FALLBACK
@@ -289,6 +293,7 @@ def fallback(op: torch._ops.OpOverload, *args: Any, **kwargs: Any) -> Any:
 # LITERALINCLUDE END: FALLBACK
 
 
+# LITERALINCLUDE START: OUTPUTS
 def _outputs(info: OpInfo, args: tuple, kwargs: dict, device: torch.device, meta: Any) -> list:
     """Allocate fresh outputs, build views, and resize mutated outputs to what the meta run says."""
     metas = [meta] if len(info.returns) == 1 else list(meta or ())
@@ -319,8 +324,10 @@ def _match(real: torch.Tensor, m: torch.Tensor) -> None:
     """Give an ``out=``/in-place argument the shape and strides the operator gives it (resizing storage)."""
     if real.size() != m.size() or (real.numel() > 1 and real.stride() != m.stride()):
         real.set_(real.untyped_storage(), real.storage_offset(), m.size(), m.stride())
+# LITERALINCLUDE END: OUTPUTS
 
 
+# LITERALINCLUDE START: RUN ASYNC
 def _run_async(op, info: OpInfo, args, kwargs, tensors, device: torch.device, meta) -> Any:
     outs = _outputs(info, args, kwargs, device, meta)
     if not info.mutates and all(kind == VIEW for kind, _ in info.returns):
@@ -348,6 +355,7 @@ def host_view_or_self(t: torch.Tensor) -> torch.Tensor:
 def _host_view_or_snapshot(t: torch.Tensor) -> torch.Tensor:
     """For a queued kernel: CPU scalars and indices are read now, as CUDA copies them at the call."""
     return host_view(t) if t.device.type == "openreg" else t.clone()
+# LITERALINCLUDE END: RUN ASYNC
 
 
 def _out_kernel(info: OpInfo, out_op, cpu_args, cpu_kwargs, names, functional=None):

@@ -28,6 +28,7 @@ struct DeviceAllocator final : public c10::Allocator {
 };
 // LITERALINCLUDE END: DEVICE ALLOCATOR
 
+// LITERALINCLUDE START: HOST ALLOCATOR
 struct HostAllocator final : public c10::Allocator {
   c10::DataPtr allocate(size_t nbytes) override {
     void* ptr = nbytes ? reinterpret_cast<void*>(call<uintptr_t>("host_malloc", nbytes)) : nullptr;
@@ -38,6 +39,7 @@ struct HostAllocator final : public c10::Allocator {
     default_copy_data(dst, src, count);
   }
 };
+// LITERALINCLUDE END: HOST ALLOCATOR
 
 DeviceAllocator g_device_allocator;
 HostAllocator g_host_allocator;
@@ -47,6 +49,8 @@ HostAllocator g_host_allocator;
 c10::Allocator* device_allocator() { return &g_device_allocator; }
 c10::Allocator* host_allocator() { return &g_host_allocator; }
 
+// LITERALINCLUDE START: REGISTER ALLOCATOR
 REGISTER_ALLOCATOR(c10::DeviceType::PrivateUse1, &g_device_allocator);
+// LITERALINCLUDE END: REGISTER ALLOCATOR
 
 } // namespace openreg

@@ -61,6 +61,7 @@ struct Hooks final : public at::PrivateUse1HooksInterface {
 
 } // namespace
 
+// LITERALINCLUDE START: REGISTER HOOKS
 void register_hooks() {
   static bool done = false;
   if (!done) {
@@ -68,5 +69,6 @@ void register_hooks() {
     done = true;
   }
 }
+// LITERALINCLUDE END: REGISTER HOOKS
 
 } // namespace openreg

@@ -31,6 +31,7 @@ at::Tensor host_view(const at::Tensor& t) {
 
 } // namespace openreg
 
+// LITERALINCLUDE START: PYBIND MODULE
 PYBIND11_MODULE(_C, m) {
   openreg::register_hooks();
   m.def("_host_view", &openreg::host_view, "CPU tensor aliasing an openreg tensor's device memory");
@@ -40,3 +41,4 @@ PYBIND11_MODULE(_C, m) {
   m.def("_storage_base", [](const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.storage().data()); },
         "device pointer of a tensor's storage (what kernels name as their buffers)");
 }
+// LITERALINCLUDE END: PYBIND MODULE

@@ -103,6 +103,7 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 # LITERALINCLUDE END: LAZY INIT
 
 
+# LITERALINCLUDE START: DRAIN AT EXIT
 _pid = os.getpid()
 
 
@@ -121,8 +122,10 @@ def _drain_at_exit() -> None:
             _rt.synchronize(index)
         except _rt.OpenRegError:
             pass
+# LITERALINCLUDE END: DRAIN AT EXIT
 
 
+# LITERALINCLUDE START: DEVICE FUNCTIONS
 def is_available() -> bool:
     """True when the runtime reports at least one device."""
     return _rt.device_count() > 0
@@ -178,6 +181,7 @@ def synchronize(device: Any = None) -> None:
     """Wait for all work on a device (default: current), raising errors of failed kernels."""
     _lazy_init()
     torch._C._accelerator_synchronizeDevice(_index(device))
+# LITERALINCLUDE END: DEVICE FUNCTIONS
 
 
 def get_device_properties(device: Any = None) -> _rt.DeviceProperties:
