@@ -74,7 +74,9 @@ class OpInfo:
             else:
                 arg = alias_args.get(next(iter(r.alias_info.before_set)))
                 self.returns.append((INPLACE if r.alias_info.is_write else VIEW, arg))
-        self.sync_only = not tensor_only
+        # Random ops draw from the generator when they run: run them at the call, in program order
+        # with seeding and get_state/set_state on the host (as CUDA captures the Philox offset).
+        self.sync_only = not tensor_only or bool(self.generators)
         self.out_names = self._out_overload_names(op)
 
     def _out_overload_names(self, op: torch._ops.OpOverload) -> list[str] | None:
