@@ -171,10 +171,12 @@ class device:
 
     def __enter__(self) -> None:
         _lazy_init()
-        self.prev_idx = torch._C._accelerator_exchangeDevice(self.idx)
+        if self.idx >= 0:  # None or a negative index selects nothing, as in torch.cuda.device
+            self.prev_idx = torch._C._accelerator_exchangeDevice(self.idx)
 
     def __exit__(self, *exc: object) -> None:
-        self.idx = torch._C._accelerator_maybeExchangeDevice(self.prev_idx)
+        if self.prev_idx >= 0:
+            self.idx = torch._C._accelerator_maybeExchangeDevice(self.prev_idx)
 
 
 def synchronize(device: Any = None) -> None:
