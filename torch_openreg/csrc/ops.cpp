@@ -67,8 +67,8 @@ const at::Tensor& resize_(const at::Tensor& self, c10::IntArrayRef size,
     self.unsafeGetTensorImpl()->empty_tensor_restride(*memory_format);
   }
   return self;
-// LITERALINCLUDE END: RESIZE
 }
+// LITERALINCLUDE END: RESIZE
 
 at::Tensor& set_storage(at::Tensor& self, c10::Storage source, int64_t offset, c10::IntArrayRef size,
                         c10::IntArrayRef stride) {
