@@ -319,7 +319,12 @@ def _outputs(info: OpInfo, args: tuple, kwargs: dict, device: torch.device, meta
 
 def _view_of(base: torch.Tensor, m: torch.Tensor, device: torch.device) -> torch.Tensor:
     view = torch.empty(0, dtype=m.dtype, device=device)
-    return view.set_(base.untyped_storage(), m.storage_offset(), m.size(), m.stride())
+    view = view.set_(base.untyped_storage(), m.storage_offset(), m.size(), m.stride())
+    if base.is_conj() and view.is_complex():  # a view of a lazily conjugated/negated tensor is one too
+        view = view.conj()
+    if base.is_neg():
+        view = torch._neg_view(view)
+    return view
 
 
 def _match(real: torch.Tensor, m: torch.Tensor) -> None:
