@@ -455,6 +455,33 @@ def test_view_as_real_and_complex_alias():
     assert_same(back, torch.view_as_complex(r_cpu))
 
 
+def test_lazy_conjugate_and_negative_views():
+    """``conj()`` and ``imag`` of a conjugate are lazy (a bit on the tensor): every consumer must honour it."""
+    z = torch.tensor([1 + 2j, -3j, 0.5 - 1j])
+    c_dev = z.to(DEV).conj()
+    assert c_dev.is_conj()
+    c = z.conj()
+    assert_same(c_dev, c)  # device -> host copy
+    assert_same(c_dev.clone(), c)
+    assert_same(c_dev.resolve_conj(), c.resolve_conj())
+    assert_same(c_dev + 0, c + 0)
+    assert_same(c_dev @ c_dev, c @ c)  # dot takes the conjugate bit natively
+    assert_same(c_dev[:, None] @ c_dev[None, :], c[:, None] @ c[None, :])  # so does mm
+    assert_same(torch.vdot(c_dev, c_dev), torch.vdot(c, c))
+    assert_same(c_dev.unfold(0, 2, 1), c.unfold(0, 2, 1))  # a view of a conjugate is a conjugate
+    assert c_dev[1].item() == c[1].item()
+    assert c_dev.imag.is_neg()
+    assert_same(c_dev.imag, c.imag)
+    assert_same(c_dev.imag * 2, c.imag * 2)
+    assert_same(c_dev.to("openreg:0", copy=True), c)
+    host = torch.zeros(3, dtype=torch.complex64)
+    host.copy_(c_dev)
+    torch.testing.assert_close(host, c)
+    w = torch.zeros(3, dtype=torch.complex64, device=DEV)
+    w.conj().copy_(z)  # writing through a conjugate view stores the conjugate
+    assert_same(w, z.conj())
+
+
 def test_view_dtype_reinterprets_bytes():
     x_cpu = torch.tensor([1.0, -2.0, 0.5])
     assert_same(x_cpu.to(DEV).view(torch.int32), x_cpu.view(torch.int32))
