@@ -244,6 +244,7 @@ def _meta_outputs(op, info: OpInfo, args: tuple, kwargs: dict, device: torch.dev
 
 
 _NUMBERS = (bool, int, float, complex)
+_WIDE = {bool: torch.bool, int: torch.int64, float: torch.float64, complex: torch.complex128}
 
 
 # LITERALINCLUDE START: WRAP NUMBERS
@@ -261,8 +262,10 @@ def _wrap_numbers(info: OpInfo, args: tuple, kwargs: dict) -> tuple:
     args, kwargs = list(args), dict(kwargs)
     for i in numbers:
         value = info.value(args, kwargs, i)
-        dtype = torch.result_type(ref, value) if ref is not None else None
-        wrapped = torch.tensor(value, dtype=dtype)
+        # Built at full width, then cast, so out-of-range values wrap as the kernel would wrap them.
+        wrapped = torch.tensor(value, dtype=_WIDE[type(value)])
+        if ref is not None:
+            wrapped = wrapped.to(torch.result_type(ref, value))
         if i < len(args):
             args[i] = wrapped
         else:
