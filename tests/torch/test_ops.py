@@ -115,6 +115,18 @@ def test_scalar_type_promotion():
     check(lambda t: t.to(torch.float16) + torch.tensor(1.0, dtype=torch.float64), i)
 
 
+def test_python_numbers_for_tensor_arguments():
+    """Ops whose ``Scalar`` overload wraps the number as a tensor (``remainder``, ``fmod``, ``bitwise_*``...)."""
+    i = torch.arange(-3, 6, dtype=torch.int32)
+    f = torch.tensor([1.0, 0.35, -2.25], dtype=torch.float64)
+    check(lambda t: (t % 4, t % 2.5, torch.fmod(t, 3), torch.fmod(t, 2.5)), i)
+    check(lambda t: (t & 1, t | 2, t ^ True, t & True), i)
+    check(lambda t: (torch.xlogy(t.abs(), 2), torch.xlogy(2, t.abs() + 1)), i)
+    check(lambda t: (t % 0.1, torch.fmod(t, 0.1), t * 1j), f)  # the number keeps double precision
+    check(lambda t: t % 300, torch.tensor([100, -7], dtype=torch.int8))  # wraps like the CPU kernel
+    check(lambda t: (t & True, t | False), torch.tensor([True, False]))
+
+
 def test_scalar_promotion_does_not_depend_on_call_history():
     """``t + 2`` and ``t + 2.0`` have different result dtypes even though ``2 == 2.0``."""
     t = torch.arange(3, device=DEV)
@@ -250,6 +262,31 @@ def test_losses(reduction):
     probs, labels = torch.rand(4, 5), torch.rand(4, 5)
     check(lambda p, y: F.binary_cross_entropy(p, y, reduction=reduction), probs, labels)
     check(lambda a, y: F.binary_cross_entropy_with_logits(a, y, reduction=reduction), A, labels)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="PyTorch's RNN cells call _thnn_fused_lstm_cell/_thnn_fused_gru_cell for PrivateUse1 inputs; "
+    "the CPU has no kernel for them, so the fallback fails (LAUNCH_FAILURE/NotImplementedError naming the op)",
+)
+@pytest.mark.parametrize("cls", [torch.nn.LSTM, torch.nn.GRU], ids=["lstm", "gru"])
+def test_recurrent_layers(cls):
+    torch.manual_seed(0)
+    layer = cls(3, 4)
+    x = torch.randn(5, 2, 3)
+    expected, _ = layer(x)
+    got, _ = layer.openreg()(x.to(DEV))
+    torch.testing.assert_close(got.cpu(), expected)
+
+
+def test_rnn_and_transformer_layers():
+    torch.manual_seed(0)
+    rnn = torch.nn.RNN(3, 4)
+    enc = torch.nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0).eval()
+    x, seq = torch.randn(5, 2, 3), torch.randn(3, 2, 8)
+    expected_rnn, expected_enc = rnn(x)[0], enc(seq)
+    torch.testing.assert_close(rnn.openreg()(x.to(DEV))[0].cpu(), expected_rnn)
+    torch.testing.assert_close(enc.openreg()(seq.to(DEV)).cpu(), expected_enc, rtol=1e-4, atol=1e-5)
 
 
 def test_embedding():
