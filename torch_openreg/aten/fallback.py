@@ -348,9 +348,11 @@ def _run_async(op, info: OpInfo, args, kwargs, tensors, device: torch.device, me
     if info.out_names and all(o is not None for _, o in fresh):
         for name, (_, o) in zip(info.out_names, fresh):
             cpu_kwargs[name] = host_view(o)
-        kernel = _out_kernel(info, info.out_op, cpu_args, cpu_kwargs, info.out_names, functional=op)
+        scratch = _reduces(written, tensors)
+        kernel = _out_kernel(info, info.out_op, cpu_args, cpu_kwargs, info.out_names, scratch, functional=op)
     elif info.out_kwargs and not fresh:  # an out= overload called directly
-        kernel = _out_kernel(info, op, cpu_args, cpu_kwargs, info.out_kwargs)
+        outs_given = _tensors(tuple(info.value(args, kwargs, info.positions[n]) for n in info.out_kwargs), {})
+        kernel = _out_kernel(info, op, cpu_args, cpu_kwargs, info.out_kwargs, _reduces(outs_given, tensors))
     else:
         targets = [(i, _map(o, host_view)) for i, o in fresh]
         kernel = _copy_kernel(op, cpu_args, cpu_kwargs, targets, len(info.returns))
@@ -368,9 +370,16 @@ def _host_view_or_snapshot(t: torch.Tensor) -> torch.Tensor:
 # LITERALINCLUDE END: RUN ASYNC
 
 
-def _out_kernel(info: OpInfo, out_op, cpu_args, cpu_kwargs, names, functional=None):
+def _reduces(outputs: list, tensors: list) -> bool:
+    """Whether every output is smaller than an input: a reduction, whose CPU out= kernel may use
+    ``out`` as scratch space for the unreduced values (losses do) and so resize it."""
+    biggest = max((t.numel() for t in tensors), default=0)
+    return bool(outputs) and all(o.numel() < biggest for o in outputs)
+
+
+def _out_kernel(info: OpInfo, out_op, cpu_args, cpu_kwargs, names, scratch: bool, functional=None):
     def kernel() -> None:
-        if not info.scratch_out:
+        if not (scratch or info.scratch_out):
             try:
                 out_op(*cpu_args, **cpu_kwargs)
                 return
