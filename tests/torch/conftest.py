@@ -65,6 +65,13 @@ def no_leak():
 
 
 @pytest.fixture
+def asynchronous():
+    """Skip when OPENREG_LAUNCH_BLOCKING makes every launch wait for its kernel."""
+    if openreg.LAUNCH_BLOCKING:
+        pytest.skip("needs asynchronous launches (OPENREG_LAUNCH_BLOCKING is set)")
+
+
+@pytest.fixture
 def two_devices():
     if torch.openreg.device_count() < 2:
         pytest.skip("needs at least two openreg devices (OPENREG_DEVICE_COUNT >= 2)")

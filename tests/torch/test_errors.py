@@ -83,6 +83,7 @@ def test_host_access_to_device_memory_segfaults_with_report(run_python):
     code = (
         "import ctypes, faulthandler, torch\n"
         "t = torch.arange(64, dtype=torch.float32, device='openreg')\n"
+        "torch.openreg.synchronize()  # no kernel holds the memory open any more\n"
         "print('ptr', hex(t.data_ptr()), flush=True)\n"
         "ctypes.string_at(t.data_ptr(), 4)\n"
         "print('read device memory from the host without a fault', flush=True)\n"
@@ -157,16 +158,31 @@ def test_pin_memory_of_device_tensor():
         torch.empty(2, device="openreg", pin_memory=True)
 
 
+def fails_on_device(launch, match: str) -> None:
+    """``launch()`` queues a kernel that fails: the error is reported by the next synchronizing call.
+
+    Under ``OPENREG_LAUNCH_BLOCKING=1`` every launch waits for its kernel, so the call itself raises.
+    """
+    if openreg.LAUNCH_BLOCKING:
+        with pytest.raises(RuntimeError, match=match):
+            launch()
+        return
+    result = launch()  # returns at once, as an asynchronous device would
+    assert result.device.type == "openreg"
+    with pytest.raises(RuntimeError, match=match):
+        torch.openreg.synchronize()
+
+
 def test_unsupported_dtype_surfaces_at_synchronize():
     x = torch.ones(3, device="openreg")
-    y = torch.gcd(x, x)  # the CPU kernel has no float gcd: the kernel fails on the device
-    assert y.device.type == "openreg"
-    with pytest.raises(RuntimeError, match=r"LAUNCH_FAILURE.*aten::gcd.*openreg:0.*not implemented for 'Float'"):
-        torch.openreg.synchronize()
+    # the CPU kernel has no float gcd: the kernel fails on the device
+    fails_on_device(lambda: torch.gcd(x, x), r"LAUNCH_FAILURE.*aten::gcd.*openreg:0.*not implemented for 'Float'")
     torch.openreg.synchronize()  # reported once
 
 
 def test_unsupported_dtype_surfaces_at_next_host_read():
+    if openreg.LAUNCH_BLOCKING:
+        pytest.skip("needs asynchronous launches (OPENREG_LAUNCH_BLOCKING is set)")
     b = torch.ones(3, 3, dtype=torch.bool, device="openreg")
     (b @ b)  # no CPU matmul for bool
     with pytest.raises(RuntimeError, match=r"LAUNCH_FAILURE.*aten::mm.*'Bool'") as info:
@@ -180,9 +196,7 @@ def test_failing_kernel_does_not_poison_later_work():
     x_cpu = torch.randn(8, 8)
     x = x_cpu.to("openreg")
     bad = torch.ones(4, device="openreg")
-    torch.bitwise_and(bad, bad)  # fails on the device (no float bitwise_and)
-    with pytest.raises(RuntimeError, match="bitwise_and"):
-        torch.openreg.synchronize()
+    fails_on_device(lambda: torch.bitwise_and(bad, bad), "bitwise_and")  # no float bitwise_and on the CPU
     y = (x @ x).relu().sum(0)
     torch.testing.assert_close(y.cpu(), (x_cpu @ x_cpu).relu().sum(0))
     torch.openreg.synchronize()
@@ -193,9 +207,8 @@ def test_kernel_error_on_side_stream_surfaces_at_device_sync():
     s = torch.openreg.Stream()
     with torch.openreg.stream(s):
         i = torch.tensor([5], device="openreg")
-        torch.ones(3, device="openreg")[i]  # index out of range: found by the kernel
-    with pytest.raises(RuntimeError, match=r"aten::index.*out of bounds"):
-        torch.openreg.synchronize()
+        # index out of range: found by the kernel
+        fails_on_device(lambda: torch.ones(3, device="openreg")[i], r"aten::index.*out of bounds")
     s.synchronize()  # already reported
 
 

@@ -7,6 +7,8 @@ in-place ops return their input, ``out=`` writes where asked, data-dependent sha
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -287,6 +289,18 @@ def test_rnn_and_transformer_layers():
     expected_rnn, expected_enc = rnn(x)[0], enc(seq)
     torch.testing.assert_close(rnn.openreg()(x.to(DEV))[0].cpu(), expected_rnn)
     torch.testing.assert_close(enc.openreg()(seq.to(DEV)).cpu(), expected_enc, rtol=1e-4, atol=1e-5)
+
+
+def test_losses_do_not_warn_about_resized_outputs(capfd):
+    """The CPU out= kernels of these losses use ``out`` as scratch space; none of that leaks to the user."""
+    a, b = A.to(DEV), B.to(DEV)
+    p, y = torch.rand(4, 5).to(DEV), torch.rand(4, 5).to(DEV)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        losses = [F.mse_loss(a, b), F.smooth_l1_loss(a, b), F.huber_loss(a, b), F.binary_cross_entropy(p, y)]
+        torch.openreg.synchronize()
+    assert all(loss.shape == () for loss in losses)
+    assert "resized" not in capfd.readouterr().err
 
 
 def test_embedding():

@@ -32,7 +32,7 @@ class Gate:
 
 
 @pytest.fixture
-def gate():
+def gate(asynchronous):
     g = Gate()
     yield g
     g.open()
