@@ -144,3 +144,39 @@ def test_training_matches_cpu(model_cls, shape, make_optimizer):
     cpu_model.eval()
     with torch.no_grad():
         torch.testing.assert_close(dev_model(data.to(DEV)).cpu(), cpu_model(data), rtol=1e-4, atol=1e-5)
+
+
+def test_backward_on_second_device(two_devices):
+    torch.manual_seed(0)
+    cpu = nn.Linear(4, 3)
+    dev = nn.Linear(4, 3)
+    dev.load_state_dict(cpu.state_dict())
+    dev.to("openreg:1")
+    x = torch.randn(5, 4)
+    cpu(x).pow(2).sum().backward()
+    dev(x.to("openreg:1")).pow(2).sum().backward()
+    assert dev.weight.grad.device == torch.device("openreg", 1)
+    torch.testing.assert_close(dev.weight.grad.cpu(), cpu.weight.grad)
+    torch.testing.assert_close(dev.bias.grad.cpu(), cpu.bias.grad)
+
+
+def test_backward_on_side_stream():
+    torch.manual_seed(0)
+    cpu = nn.Linear(4, 3)
+    dev = nn.Linear(4, 3).openreg()
+    dev.load_state_dict(cpu.state_dict())
+    x = torch.randn(5, 4)
+    cpu(x).tanh().sum().backward()
+    s = torch.openreg.Stream()
+    with torch.openreg.stream(s):
+        dev(x.to(DEV)).tanh().sum().backward()
+    s.synchronize()
+    torch.testing.assert_close(dev.weight.grad.cpu(), cpu.weight.grad)
+
+
+def test_graph_spanning_devices(two_devices):
+    a = torch.randn(3, requires_grad=True)
+    y = ((a.to("openreg:0") * 2).to("openreg:1") ** 2).sum()
+    y.backward()
+    assert a.grad.device.type == "cpu"
+    torch.testing.assert_close(a.grad, 8 * a.detach())

@@ -285,3 +285,25 @@ def test_event_re_record_moves_the_marker(gate):
     gate.open()
     s.synchronize()
     assert e.query()
+
+
+def test_host_threads_share_the_device(two_devices):
+    """Several host threads launching on both devices at once get correct, independent results."""
+    errors = []
+
+    def work(index: int) -> None:
+        try:
+            g = torch.Generator().manual_seed(index)
+            for _ in range(10):
+                a = torch.randn(32, 32, generator=g)
+                d = a.to(f"openreg:{index % 2}")
+                torch.testing.assert_close((d @ d).sum().cpu(), (a @ a).sum(), rtol=1e-4, atol=1e-3)
+        except Exception as exc:  # noqa: BLE001 - reported by the main thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
