@@ -560,7 +560,11 @@ INPLACE = {
     "t_": lambda t: t.t_(),
     "unsqueeze_": lambda t: t.unsqueeze_(0),
     "resize_": lambda t: t.resize_(2, 2),
-    "exponential_": lambda t: t.abs_().sqrt_(),
+    "abs_sqrt_": lambda t: t.abs_().sqrt_(),
+    "uniform_seeded": lambda t: (torch.manual_seed(0), t.uniform_(-1, 1))[1],  # a random op: synchronous path
+    "bernoulli_seeded": lambda t: (torch.manual_seed(0), t.bernoulli_(0.3))[1],
+    "index_put_bool_mask": lambda t: t.index_put_((t > 0,), torch.tensor(0.0)),  # data-dependent: synchronous
+    "masked_scatter_": lambda t: t.masked_scatter_(t < 0, torch.arange(20.0, device=t.device)),
 }
 
 
