@@ -35,7 +35,9 @@ NEVER_FALLBACK = {
     "aten::record_stream": "the openreg allocator does not track streams yet",
 }
 # Operators that may take CPU index tensors alongside openreg tensors (as on CUDA).
-CPU_INDICES_OK = {"aten::index.Tensor", "aten::index_put_", "aten::index_put", "aten::_index_put_impl_"}
+CPU_INDICES_OK = {
+    "aten::index.Tensor", "aten::index.Tensor_out", "aten::index_put_", "aten::index_put", "aten::_index_put_impl_"
+}
 # LITERALINCLUDE END: NEVER FALLBACK
 
 FRESH, VIEW, INPLACE = "fresh", "view", "inplace"
@@ -51,6 +53,9 @@ class OpInfo:
         self.arguments = schema.arguments
         self.positions = {a.name: i for i, a in enumerate(schema.arguments)}
         self.generators = [a.name for a in schema.arguments if "Generator" in str(a.type)]
+        self.tensor_args = [i for i, a in enumerate(schema.arguments) if str(a.type) == "Tensor"]
+        self.out_kwargs = [a.name for a in schema.arguments if a.kwarg_only and a.alias_info and a.alias_info.is_write]
+        self.scratch_out = False  # its CPU out= kernel resizes ``out`` (learned at the first run)
         alias_args = {}
         for i, a in enumerate(schema.arguments):
             if a.alias_info is not None:
@@ -206,6 +211,8 @@ def _key_of(value: Any) -> Any:
         return tuple(_key_of(v) for v in value)
     if isinstance(value, torch.Generator):
         return None
+    if isinstance(value, (bool, int, float, complex)):
+        return (type(value), value)  # 2, 2.0 and True are equal but promote differently
     return value
 
 
@@ -232,6 +239,32 @@ def _meta_outputs(op, info: OpInfo, args: tuple, kwargs: dict, device: torch.dev
 # LITERALINCLUDE END: META CACHE
 
 
+_NUMBERS = (bool, int, float, complex)
+
+
+def _wrap_numbers(info: OpInfo, args: tuple, kwargs: dict) -> tuple:
+    """Turn Python numbers passed for ``Tensor`` arguments back into 0-dim CPU tensors.
+
+    ``t % 2`` reaches the fallback as ``remainder.Tensor_out(t, 2)``: PyTorch hands a boxed kernel
+    a wrapped-number tensor as a plain number, and most operators refuse a number when called
+    again. The tensor gets the dtype the number takes in the operation, so promotion is unchanged.
+    """
+    numbers = [i for i in info.tensor_args if isinstance(info.value(args, kwargs, i), _NUMBERS)]
+    if not numbers:
+        return args, kwargs
+    ref = next(iter(_tensors(args, kwargs)), None)
+    args, kwargs = list(args), dict(kwargs)
+    for i in numbers:
+        value = info.value(args, kwargs, i)
+        dtype = torch.result_type(ref, value) if ref is not None else None
+        wrapped = torch.tensor(value, dtype=dtype)
+        if i < len(args):
+            args[i] = wrapped
+        else:
+            kwargs[info.arguments[i].name] = wrapped
+    return tuple(args), kwargs
+
+
 # LITERALINCLUDE START: FALLBACK
 def fallback(op: torch._ops.OpOverload, *args: Any, **kwargs: Any) -> Any:
     """Run ``op`` for openreg tensors: meta for metadata, the CPU kernel on device memory for data."""
@@ -240,6 +273,7 @@ def fallback(op: torch._ops.OpOverload, *args: Any, **kwargs: Any) -> Any:
         info = _infos[op] = OpInfo(op)
     if info.blocked:
         raise NotImplementedError(f"{info.name} is not supported on the openreg device: {info.blocked}")
+    args, kwargs = _wrap_numbers(info, args, kwargs)
     tensors = _tensors(args, kwargs)
     device = _device_of(info, tensors, kwargs)
     if not info.sync_only:
@@ -291,13 +325,15 @@ def _run_async(op, info: OpInfo, args, kwargs, tensors, device: torch.device, me
     outs = _outputs(info, args, kwargs, device, meta)
     if not info.mutates and all(kind == VIEW for kind, _ in info.returns):
         return _pack(outs)  # a pure view: metadata only, nothing to compute
-    cpu_args, cpu_kwargs = _swap(args, kwargs, info, device, host_view_or_self, "cpu")
+    cpu_args, cpu_kwargs = _swap(args, kwargs, info, device, _host_view_or_snapshot, "cpu")
     fresh = [(i, o) for i, ((kind, _), o) in enumerate(zip(info.returns, outs)) if kind == FRESH]
     written = [t for _, o in fresh for t in (o if isinstance(o, (list, tuple)) else [o]) if t is not None]
     if info.out_names and all(o is not None for _, o in fresh):
         for name, (_, o) in zip(info.out_names, fresh):
             cpu_kwargs[name] = host_view(o)
-        kernel = _out_kernel(info.out_op, cpu_args, cpu_kwargs)
+        kernel = _out_kernel(info, info.out_op, cpu_args, cpu_kwargs, info.out_names, functional=op)
+    elif info.out_kwargs and not fresh:  # an out= overload called directly
+        kernel = _out_kernel(info, op, cpu_args, cpu_kwargs, info.out_kwargs)
     else:
         targets = [(i, _map(o, host_view)) for i, o in fresh]
         kernel = _copy_kernel(op, cpu_args, cpu_kwargs, targets, len(info.returns))
@@ -309,8 +345,38 @@ def host_view_or_self(t: torch.Tensor) -> torch.Tensor:
     return host_view(t) if t.device.type == "openreg" else t
 
 
-def _out_kernel(out_op, cpu_args, cpu_kwargs):
-    return lambda: out_op(*cpu_args, **cpu_kwargs)
+def _host_view_or_snapshot(t: torch.Tensor) -> torch.Tensor:
+    """For a queued kernel: CPU scalars and indices are read now, as CUDA copies them at the call."""
+    return host_view(t) if t.device.type == "openreg" else t.clone()
+
+
+def _out_kernel(info: OpInfo, out_op, cpu_args, cpu_kwargs, names, functional=None):
+    def kernel() -> None:
+        if not info.scratch_out:
+            try:
+                out_op(*cpu_args, **cpu_kwargs)
+                return
+            except RuntimeError as exc:
+                if "not resizable" not in str(exc):
+                    raise
+                info.scratch_out = True
+        # Some CPU out= kernels use ``out`` as scratch space and resize it (losses with a reduction
+        # do). A host view of device memory cannot grow: compute into host tensors (through the
+        # functional operator when there is one), then copy the results in.
+        inputs = {k: v for k, v in cpu_kwargs.items() if k not in names}
+        if functional is not None:
+            result = functional(*cpu_args, **inputs)
+            results = [result] if len(names) == 1 else list(result)
+        else:
+            host = {n: _map(cpu_kwargs[n], lambda t: torch.empty(0, dtype=t.dtype)) for n in names}
+            out_op(*cpu_args, **inputs, **host)
+            results = [host[n] for n in names]
+        for n, result in zip(names, results):
+            views = cpu_kwargs[n]
+            for view, r in zip(*(([views], [result]) if isinstance(views, torch.Tensor) else (views, result))):
+                view.copy_(r)
+
+    return kernel
 
 
 def _copy_kernel(op, cpu_args, cpu_kwargs, targets, nreturns):

@@ -8,6 +8,7 @@ opens those storages only while the closure runs.
 
 from __future__ import annotations
 
+import traceback
 from collections.abc import Callable
 from typing import Any
 
@@ -24,12 +25,44 @@ def storage_ptr(t: torch.Tensor) -> int:
     return _C._storage_base(t)
 
 
+def _detach(exc: BaseException | None) -> None:
+    """Drop the frames of a kernel's exception: their arguments are host views of device memory.
+
+    Outside the kernel those views point at protected memory: a test runner or debugger that
+    formats the frames' arguments would fault. The traceback is kept as text, in a note.
+    """
+    if hasattr(exc, "add_note") and exc.__traceback__ is not None:
+        exc.add_note("kernel traceback:\n" + "".join(traceback.format_tb(exc.__traceback__)).rstrip())
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        exc.__traceback__ = None
+        exc = exc.__cause__ or exc.__context__
+
+
+class _Kernel:
+    """``fn(*args)`` as the runtime runs it; a failure leaves with no frames holding the host views."""
+
+    __slots__ = ("fn", "args")
+
+    def __init__(self, fn: Callable[..., Any], args: tuple) -> None:
+        self.fn, self.args = fn, args
+
+    def __call__(self) -> Any:
+        try:
+            return self.fn(*self.args)
+        except Exception as exc:  # noqa: BLE001 - re-raised below, outside the frames that hold the views
+            error = exc
+        _detach(error)
+        raise error
+
+
 # LITERALINCLUDE START: LAUNCH
 def launch(device: int, fn: Callable[..., Any], *args: Any, tensors: tuple | list, name: str) -> tuple:
     """Queue ``fn(*args)`` on ``device``'s current stream; returns ``(stream, seq)``."""
     stream = openreg.current_stream(device)
-    buffers = [storage_ptr(t) for t in tensors]
-    return stream, stream.launch(fn, *args, buffers=buffers, name=name)
+    buffers = [storage_ptr(t) for t in tensors if t.device.type == "openreg"]  # CPU scalars/indices: host memory
+    return stream, stream.launch(_Kernel(fn, args), buffers=buffers, name=name)
 
 
 def run_sync(device: int, fn: Callable[..., Any], *args: Any, tensors: tuple | list, name: str) -> Any:
@@ -44,6 +77,7 @@ def run_sync(device: int, fn: Callable[..., Any], *args: Any, tensors: tuple | l
         try:
             outcome.append((True, fn(*args)))
         except Exception as exc:  # noqa: BLE001 - re-raised below, on the caller's thread
+            _detach(exc)
             outcome.append((False, exc))
 
     stream, seq = launch(device, body, tensors=tensors, name=name)
@@ -51,6 +85,7 @@ def run_sync(device: int, fn: Callable[..., Any], *args: Any, tensors: tuple | l
     stream.check_error()
     ok, value = outcome[0]
     if not ok:
+        args = ()  # noqa: F841 - this frame is in the traceback: it must not show the host views
         raise value
     return value
 

@@ -7,6 +7,7 @@ forked after initialization refuses to use the device, like CUDA.
 
 from __future__ import annotations
 
+import atexit
 import os
 import threading
 import traceback
@@ -122,6 +123,26 @@ def _after_fork_in_child() -> None:
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
 # LITERALINCLUDE END: LAZY INIT
+
+
+_pid = os.getpid()
+
+
+@atexit.register
+def _drain_at_exit() -> None:
+    """Finish queued device work before the interpreter finalizes.
+
+    A stream worker still running a kernel when finalization starts is killed as it retakes the
+    GIL, inside PyTorch's C++ frames: the process aborts ("terminate called without an active
+    exception"). Errors of kernels nobody synchronized are dropped, as a driver does at exit.
+    """
+    if os.getpid() != _pid:
+        return  # a forked child: the stream workers stayed in the parent, their queues cannot drain here
+    for index in range(_rt.device_count()):
+        try:
+            _rt.synchronize(index)
+        except _rt.OpenRegError:
+            pass
 
 
 def is_available() -> bool:
