@@ -64,6 +64,8 @@ def mem_get_info(device: int) -> tuple[int, int]:
     return openreg.mem_get_info(_dev(device))
 
 
+ipc_close = openreg.free  # unmap memory received from another process
+
 host_malloc = host_allocator.malloc
 host_free = host_allocator.free
 host_empty_cache = host_allocator.empty_cache

@@ -32,7 +32,6 @@ from .launch import host_view, launch, run_sync
 NEVER_FALLBACK = {
     "aten::_pin_memory": "pinning applies to CPU tensors; openreg memory is device memory",
     "aten::_pin_memory.out": "pinning applies to CPU tensors; openreg memory is device memory",
-    "aten::record_stream": "the openreg allocator does not track streams yet",
 }
 # Operators that may take CPU index tensors alongside openreg tensors (as on CUDA).
 CPU_INDICES_OK = {
