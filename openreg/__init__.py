@@ -57,7 +57,8 @@ def launch(fn, *args, buffers=(), stream: Stream | None = None, name: str = "ker
 
 
 __all__ = [
-    "DeviceProperties", "ErrorCode", "Event", "LAUNCH_BLOCKING", "MemcpyKind", "OpenRegError", "IpcHandle", "ipc_export", "ipc_open",
+    "DeviceProperties", "ErrorCode", "Event", "LAUNCH_BLOCKING", "MemcpyKind", "OpenRegError", "IpcHandle",
+    "ipc_export", "ipc_open",
     "PRIORITY_HIGH", "PRIORITY_LOW", "PointerAttributes", "Stream", "add_launch_observer",
     "current_stream", "default_stream", "device_capacity", "device_count", "exchange_device", "free",
     "get_device", "get_device_properties", "get_stream", "host_free", "host_malloc", "launch", "malloc",

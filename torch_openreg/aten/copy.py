@@ -11,7 +11,6 @@ from __future__ import annotations
 import torch
 
 import openreg
-
 from torch_openreg.memory import host_allocator
 
 from .launch import host_view, launch, run_sync
@@ -55,7 +54,6 @@ def copy_from_and_resize(src: torch.Tensor, dst: torch.Tensor) -> torch.Tensor:
 def record_stream(t: torch.Tensor, stream: torch.Stream) -> None:
     """``Tensor.record_stream``: the caching allocator keeps ``t``'s block until ``stream``'s work is done."""
     import openreg
-
     from torch_openreg.memory import owner
 
     ptr = t.untyped_storage().data_ptr()
