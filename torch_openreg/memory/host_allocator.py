@@ -64,6 +64,7 @@ class HostCachingAllocator:
             else:
                 self.free_by_size.setdefault(self.sizes[ptr], []).append(ptr)
 
+    # LITERALINCLUDE START: HOST RECORD EVENT
     def record_event(self, ptr: int, stream: openreg.Stream) -> bool:
         """Keep the block at ``ptr`` from reuse until ``stream`` reaches this point."""
         with self.lock:
@@ -73,6 +74,7 @@ class HostCachingAllocator:
             event.record(stream)
             self.events.setdefault(ptr, []).append(event)
             return True
+    # LITERALINCLUDE END: HOST RECORD EVENT
 
     def _process_events(self) -> None:
         for ptr in list(self.events):
