@@ -5,6 +5,7 @@ from pathlib import Path
 from setuptools import setup
 from torch.utils.cpp_extension import BuildExtension, CppExtension
 
+# LITERALINCLUDE START: BUILD EXTENSION
 csrc = Path("torch_openreg/csrc")
 setup(
     ext_modules=[
@@ -16,3 +17,4 @@ setup(
     ],
     cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
 )
+# LITERALINCLUDE END: BUILD EXTENSION

@@ -22,7 +22,7 @@ import threading
 from dataclasses import dataclass, field
 
 from . import _libc
-from .device import check_device, device_capacity, device_count
+from .device import check_device, device_capacity, device_count, forked, start
 from .errors import ErrorCode, OpenRegError
 
 DEVICE = "device"
@@ -105,6 +105,7 @@ def find(ptr: int, *, mapped: bool = False) -> Allocation | None:
 def malloc(size: int, device: int) -> int:
     """Allocate ``size`` bytes on ``device``; returns the pointer (0 for size 0)."""
     check_device(device)
+    start()
     if size < 0:
         raise OpenRegError(ErrorCode.INVALID_VALUE, f"malloc of negative size {size} on openreg:{device}")
     if size == 0:
@@ -133,8 +134,8 @@ def malloc(size: int, device: int) -> int:
 
 def free(ptr: int) -> None:
     """Free device memory; released once no queued or running work names it."""
-    if ptr == 0:
-        return
+    if ptr == 0 or forked():
+        return  # in a forked child the parent's memory is left alone
     with _lock:
         alloc = _allocs.get(ptr)
         if alloc is None or alloc.kind != DEVICE or alloc.free_pending:
@@ -207,6 +208,7 @@ def ipc_open(fd: int, device: int, mapped: int) -> int:
 
 def host_malloc(size: int) -> int:
     """Allocate pinned (page-locked in a real driver) host memory, readable by the host."""
+    start()
     if size < 0:
         raise OpenRegError(ErrorCode.INVALID_VALUE, f"host_malloc of negative size {size}")
     if size == 0:

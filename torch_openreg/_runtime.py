@@ -14,6 +14,7 @@ import openreg
 
 from .memory import allocator, host_allocator, owner
 
+# LITERALINCLUDE START: BRIDGE DEVICES
 device_count = openreg.device_count
 get_device = openreg.get_device
 set_device = openreg.set_device
@@ -27,6 +28,31 @@ _next: dict[tuple[int, bool], itertools.count] = {}
 def _dev(device: int) -> int:
     """PyTorch says -1 for "the current device"."""
     return openreg.get_device() if device < 0 else device
+
+
+
+
+def init() -> None:
+    """Called once by PyTorch's lazy device init: installs the host-fault reporter."""
+    openreg.fault.install()
+
+
+def pointer_device(ptr: int) -> int:
+    """Owning device of a device pointer, -1 for anything else."""
+    attrs = openreg.pointer_attributes(ptr)
+    return attrs.device if attrs.type == "device" else -1
+
+
+def is_pinned(ptr: int) -> bool:
+    """Whether ``ptr`` lies in pinned host memory from :func:`host_malloc`."""
+    return openreg.pointer_attributes(ptr).type == "host"
+
+
+def has_primary_context(device: int) -> bool:
+    """True once the device has memory or streams in use (its context exists)."""
+    openreg.get_device_properties(device)
+    return allocator(device).segments != {} or device in openreg.stream._default
+# LITERALINCLUDE END: BRIDGE DEVICES
 
 
 # LITERALINCLUDE START: BRIDGE MEMORY
@@ -79,28 +105,6 @@ def host_record_event(ptr: int, device: int, stream_id: int) -> bool:
 # LITERALINCLUDE END: BRIDGE MEMORY
 
 
-def init() -> None:
-    """Called once by PyTorch's lazy device init: installs the host-fault reporter."""
-    openreg.fault.install()
-
-
-def pointer_device(ptr: int) -> int:
-    """Owning device of a device pointer, -1 for anything else."""
-    attrs = openreg.pointer_attributes(ptr)
-    return attrs.device if attrs.type == "device" else -1
-
-
-def is_pinned(ptr: int) -> bool:
-    """Whether ``ptr`` lies in pinned host memory from :func:`host_malloc`."""
-    return openreg.pointer_attributes(ptr).type == "host"
-
-
-def has_primary_context(device: int) -> bool:
-    """True once the device has memory or streams in use (its context exists)."""
-    openreg.get_device_properties(device)
-    return allocator(device).segments != {} or device in openreg.stream._default
-
-
 # LITERALINCLUDE START: BRIDGE STREAMS
 def pool_stream(device: int, high_priority: bool) -> int:
     """A stream from the device's round-robin pool (``getStreamFromGlobalPool``)."""
@@ -112,10 +116,6 @@ def pool_stream(device: int, high_priority: bool) -> int:
         pool = _pools[key] = [openreg.Stream(device, priority) for _ in range(_POOL_SIZE)]
         _next[key] = itertools.count()
     return pool[next(_next[key]) % _POOL_SIZE].id
-
-
-def stream_priority(device: int, stream_id: int) -> int:
-    return openreg.get_stream(_dev(device), stream_id).priority
 
 
 def current_stream(device: int) -> int:
@@ -140,6 +140,7 @@ def synchronize_device(device: int) -> None:
 # LITERALINCLUDE END: BRIDGE STREAMS
 
 
+# LITERALINCLUDE START: BRIDGE EVENTS
 def event_record(event: openreg.Event | None, device: int, stream_id: int, timing: bool) -> openreg.Event:
     """Record (creating the event on first use, as ``cudaEventCreate`` + record)."""
     if event is None:
@@ -162,6 +163,7 @@ def event_synchronize(event: openreg.Event) -> None:
 
 def event_elapsed(start: openreg.Event, end: openreg.Event) -> float:
     return start.elapsed_time(end)
+# LITERALINCLUDE END: BRIDGE EVENTS
 
 
 def copy_device_to_device(dst: int, src: int, nbytes: int, device: int) -> None:

@@ -321,3 +321,27 @@ def test_ipc_round_trip_with_offsets_and_strides():
     finally:
         proc.join(60)
     assert proc.exitcode == 0
+
+
+def test_fork_after_init_is_refused_in_the_child():
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import os, torch\n"
+        "x = torch.ones(2, device='openreg')\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    try:\n"
+        "        torch.ones(2, device='openreg') * 3\n"
+        "        os._exit(3)\n"
+        "    except RuntimeError as e:\n"
+        "        os._exit(0 if \"use the 'spawn' start method\" in str(e) else 4)\n"
+        "_, status = os.waitpid(pid, 0)\n"
+        "assert os.waitstatus_to_exitcode(status) == 0, status\n"
+        "assert (x * 2).cpu().tolist() == [2.0, 2.0]\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert result.returncode == 0, result.stderr

@@ -18,6 +18,12 @@ _aten.impl("record_stream", copy.record_stream, "PrivateUse1")
 _aten.impl("convolution_overrideable", fallback.convolution_overrideable, "PrivateUse1")
 _aten.impl("convolution_backward_overrideable", fallback.convolution_backward_overrideable, "PrivateUse1")
 
+# The conjugate/negative-bit fallbacks resolve a lazily conjugated input by cloning it, and a
+# clone copies through _copy_from again: endless recursion. copy_from applies the bits itself.
+for _key in ("Conjugate", "Negative"):
+    _aten.impl("_copy_from", torch.library.fallthrough_kernel, _key)
+    _aten.impl("_copy_from_and_resize", torch.library.fallthrough_kernel, _key)
+
 _global = torch.library.Library("_", "IMPL")
 _global.fallback(fallback.fallback, "PrivateUse1")
 # LITERALINCLUDE END: REGISTER PYTHON KERNELS

@@ -61,6 +61,8 @@ def record_stream(t: torch.Tensor, stream: torch.Stream) -> None:
         owner(ptr).record_stream(ptr, openreg.get_stream(stream.device_index, stream.stream_id))
 
 
+# LITERALINCLUDE START: LOCAL SCALAR DENSE
 def local_scalar_dense(t: torch.Tensor) -> int | float | bool | complex:
     """``aten::_local_scalar_dense`` (``.item()``): waits for the current stream, reads one value."""
     return run_sync(t.device.index, lambda v: v.item(), host_view(t), tensors=(t,), name="item")
+# LITERALINCLUDE END: LOCAL SCALAR DENSE

@@ -32,6 +32,7 @@ from .launch import host_view, launch, run_sync
 NEVER_FALLBACK = {
     "aten::_pin_memory": "pinning applies to CPU tensors; openreg memory is device memory",
     "aten::_pin_memory.out": "pinning applies to CPU tensors; openreg memory is device memory",
+    "aten::to_mkldnn": "MKL-DNN tensors live on the CPU only; copy the tensor to the CPU first",
 }
 # Operators that may take CPU index tensors alongside openreg tensors (as on CUDA).
 CPU_INDICES_OK = {
@@ -42,6 +43,7 @@ CPU_INDICES_OK = {
 FRESH, VIEW, INPLACE = "fresh", "view", "inplace"
 
 
+# LITERALINCLUDE START: OP INFO
 class OpInfo:
     """What the fallback needs to know about one operator overload, read once from its schema."""
 
@@ -72,7 +74,9 @@ class OpInfo:
             else:
                 arg = alias_args.get(next(iter(r.alias_info.before_set)))
                 self.returns.append((INPLACE if r.alias_info.is_write else VIEW, arg))
-        self.sync_only = not tensor_only
+        # Random ops draw from the generator when they run: run them at the call, in program order
+        # with seeding and get_state/set_state on the host (as CUDA captures the Philox offset).
+        self.sync_only = not tensor_only or bool(self.generators)
         self.out_names = self._out_overload_names(op)
 
     def _out_overload_names(self, op: torch._ops.OpOverload) -> list[str] | None:
@@ -99,6 +103,7 @@ class OpInfo:
             return args[index]
         a = self.arguments[index]
         return kwargs.get(a.name, a.default_value if a.has_default_value() else None)
+# LITERALINCLUDE END: OP INFO
 
 
 _infos: dict[torch._ops.OpOverload, OpInfo] = {}
@@ -239,8 +244,10 @@ def _meta_outputs(op, info: OpInfo, args: tuple, kwargs: dict, device: torch.dev
 
 
 _NUMBERS = (bool, int, float, complex)
+_WIDE = {bool: torch.bool, int: torch.int64, float: torch.float64, complex: torch.complex128}
 
 
+# LITERALINCLUDE START: WRAP NUMBERS
 def _wrap_numbers(info: OpInfo, args: tuple, kwargs: dict) -> tuple:
     """Turn Python numbers passed for ``Tensor`` arguments back into 0-dim CPU tensors.
 
@@ -255,13 +262,16 @@ def _wrap_numbers(info: OpInfo, args: tuple, kwargs: dict) -> tuple:
     args, kwargs = list(args), dict(kwargs)
     for i in numbers:
         value = info.value(args, kwargs, i)
-        dtype = torch.result_type(ref, value) if ref is not None else None
-        wrapped = torch.tensor(value, dtype=dtype)
+        # Built at full width, then cast, so out-of-range values wrap as the kernel would wrap them.
+        wrapped = torch.tensor(value, dtype=_WIDE[type(value)])
+        if ref is not None:
+            wrapped = wrapped.to(torch.result_type(ref, value))
         if i < len(args):
             args[i] = wrapped
         else:
             kwargs[info.arguments[i].name] = wrapped
     return tuple(args), kwargs
+# LITERALINCLUDE END: WRAP NUMBERS
 
 
 # LITERALINCLUDE START: FALLBACK
@@ -288,6 +298,7 @@ def fallback(op: torch._ops.OpOverload, *args: Any, **kwargs: Any) -> Any:
 # LITERALINCLUDE END: FALLBACK
 
 
+# LITERALINCLUDE START: OUTPUTS
 def _outputs(info: OpInfo, args: tuple, kwargs: dict, device: torch.device, meta: Any) -> list:
     """Allocate fresh outputs, build views, and resize mutated outputs to what the meta run says."""
     metas = [meta] if len(info.returns) == 1 else list(meta or ())
@@ -311,15 +322,22 @@ def _outputs(info: OpInfo, args: tuple, kwargs: dict, device: torch.device, meta
 
 def _view_of(base: torch.Tensor, m: torch.Tensor, device: torch.device) -> torch.Tensor:
     view = torch.empty(0, dtype=m.dtype, device=device)
-    return view.set_(base.untyped_storage(), m.storage_offset(), m.size(), m.stride())
+    view = view.set_(base.untyped_storage(), m.storage_offset(), m.size(), m.stride())
+    if base.is_conj() and view.is_complex():  # a view of a lazily conjugated/negated tensor is one too
+        view = view.conj()
+    if base.is_neg():
+        view = torch._neg_view(view)
+    return view
 
 
 def _match(real: torch.Tensor, m: torch.Tensor) -> None:
     """Give an ``out=``/in-place argument the shape and strides the operator gives it (resizing storage)."""
     if real.size() != m.size() or (real.numel() > 1 and real.stride() != m.stride()):
         real.set_(real.untyped_storage(), real.storage_offset(), m.size(), m.stride())
+# LITERALINCLUDE END: OUTPUTS
 
 
+# LITERALINCLUDE START: RUN ASYNC
 def _run_async(op, info: OpInfo, args, kwargs, tensors, device: torch.device, meta) -> Any:
     outs = _outputs(info, args, kwargs, device, meta)
     if not info.mutates and all(kind == VIEW for kind, _ in info.returns):
@@ -347,6 +365,7 @@ def host_view_or_self(t: torch.Tensor) -> torch.Tensor:
 def _host_view_or_snapshot(t: torch.Tensor) -> torch.Tensor:
     """For a queued kernel: CPU scalars and indices are read now, as CUDA copies them at the call."""
     return host_view(t) if t.device.type == "openreg" else t.clone()
+# LITERALINCLUDE END: RUN ASYNC
 
 
 def _out_kernel(info: OpInfo, out_op, cpu_args, cpu_kwargs, names, functional=None):

@@ -17,7 +17,19 @@ import torch
 import openreg
 from torch_openreg import _C
 
-host_view = _C._host_view
+
+def host_view(t: torch.Tensor) -> torch.Tensor:
+    """A CPU tensor over an openreg tensor's bytes, with its lazy conjugate/negative bits.
+
+    Operators that handle those bits themselves (copies, dot, mm, ...) receive the tensor
+    unresolved, so the host view must carry them too.
+    """
+    view = _C._host_view(t)
+    if t.is_conj():
+        view = view.conj()
+    if t.is_neg():
+        view = torch._neg_view(view)
+    return view
 
 
 def storage_ptr(t: torch.Tensor) -> int:

@@ -120,7 +120,9 @@ HostAllocator g_host_allocator;
 c10::Allocator* device_allocator() { return &g_device_allocator; }
 c10::Allocator* host_allocator() { return &g_host_allocator; }
 
+// LITERALINCLUDE START: REGISTER ALLOCATOR
 REGISTER_ALLOCATOR(c10::DeviceType::PrivateUse1, &g_device_allocator);
 REGISTER_HOST_ALLOCATOR(c10::DeviceType::PrivateUse1, &g_host_allocator);
+// LITERALINCLUDE END: REGISTER ALLOCATOR
 
 } // namespace openreg

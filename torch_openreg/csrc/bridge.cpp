@@ -18,6 +18,7 @@ bool python_alive() {
 #endif
 }
 
+// LITERALINCLUDE START: BRIDGE ERRORS
 void rethrow(py::error_already_set& error) {
   std::string message = error.what();
   bool oom = false;
@@ -33,5 +34,6 @@ void rethrow(py::error_already_set& error) {
   }
   TORCH_CHECK(false, message);
 }
+// LITERALINCLUDE END: BRIDGE ERRORS
 
 } // namespace openreg

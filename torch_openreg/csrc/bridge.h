@@ -38,6 +38,7 @@ R call(const char* name, Args&&... args) {
 }
 // LITERALINCLUDE END: BRIDGE CALL
 
+// LITERALINCLUDE START: BRIDGE CALL QUIETLY
 // For destructors and deleters: call without throwing and without disturbing a
 // Python error that may be pending on this thread (a deleter often runs while
 // an exception unwinds through Python).
@@ -53,6 +54,7 @@ void call_quietly(const char* name, Args&&... args) noexcept {
   } catch (...) {
   }
 }
+// LITERALINCLUDE END: BRIDGE CALL QUIETLY
 
 inline c10::Device device(c10::DeviceIndex index) {
   return c10::Device(c10::DeviceType::PrivateUse1, index);

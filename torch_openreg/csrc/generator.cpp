@@ -35,6 +35,7 @@ struct GeneratorImpl final : public c10::GeneratorImpl {
 
 } // namespace
 
+// LITERALINCLUDE START: DEFAULT GENERATORS
 const at::Generator& default_generator(c10::DeviceIndex index) {
   static std::once_flag once;
   static std::vector<at::Generator> generators;
@@ -50,6 +51,7 @@ const at::Generator& default_generator(c10::DeviceIndex index) {
               generators.size(), " device(s)");
   return generators[index];
 }
+// LITERALINCLUDE END: DEFAULT GENERATORS
 
 at::Generator new_generator(c10::DeviceIndex index) {
   if (index == -1) index = call<c10::DeviceIndex>("get_device");

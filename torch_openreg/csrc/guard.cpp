@@ -102,7 +102,9 @@ struct GuardImpl final : public c10::impl::DeviceGuardImplInterface {
 };
 // LITERALINCLUDE END: GUARD IMPL
 
+// LITERALINCLUDE START: REGISTER GUARD
 C10_REGISTER_GUARD_IMPL(PrivateUse1, GuardImpl);
+// LITERALINCLUDE END: REGISTER GUARD
 
 } // namespace
 } // namespace openreg

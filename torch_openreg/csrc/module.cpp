@@ -50,6 +50,7 @@ at::Tensor ipc_tensor(uintptr_t data, int64_t nbytes, c10::DeviceIndex index, ui
 
 } // namespace openreg
 
+// LITERALINCLUDE START: PYBIND MODULE
 PYBIND11_MODULE(_C, m) {
   openreg::register_hooks();
   m.def("_host_view", &openreg::host_view, "CPU tensor aliasing an openreg tensor's device memory");
@@ -60,3 +61,4 @@ PYBIND11_MODULE(_C, m) {
   m.def("_storage_base", [](const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.storage().data()); },
         "device pointer of a tensor's storage (what kernels name as their buffers)");
 }
+// LITERALINCLUDE END: PYBIND MODULE

@@ -39,6 +39,7 @@ at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride, std::op
 }
 // LITERALINCLUDE END: FACTORY KERNELS
 
+// LITERALINCLUDE START: RESIZE
 // Make `self` have `size`/`stride` (contiguous when no stride), growing its
 // storage through the hooks when it is too small: the resize_ policy every
 // backend shares, with the byte copy left to the device.
@@ -67,6 +68,7 @@ const at::Tensor& resize_(const at::Tensor& self, c10::IntArrayRef size,
   }
   return self;
 }
+// LITERALINCLUDE END: RESIZE
 
 at::Tensor& set_storage(at::Tensor& self, c10::Storage source, int64_t offset, c10::IntArrayRef size,
                         c10::IntArrayRef stride) {

@@ -75,7 +75,7 @@ def is_initialized() -> bool:
 
 
 def _is_in_bad_fork() -> bool:
-    return _in_bad_fork
+    return _in_bad_fork or _rt.device.forked()
 
 
 def _lazy_call(fn: Callable[[], None]) -> None:
@@ -93,7 +93,7 @@ def _lazy_init() -> None:
     with _init_lock:
         if is_initialized():
             return
-        if _in_bad_fork:
+        if _is_in_bad_fork():
             raise RuntimeError(
                 "Cannot re-initialize OpenReg in forked subprocess. To use OpenReg with "
                 "multiprocessing, you must use the 'spawn' start method"
@@ -125,6 +125,7 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 # LITERALINCLUDE END: LAZY INIT
 
 
+# LITERALINCLUDE START: DRAIN AT EXIT
 _pid = os.getpid()
 
 
@@ -143,8 +144,10 @@ def _drain_at_exit() -> None:
             _rt.synchronize(index)
         except _rt.OpenRegError:
             pass
+# LITERALINCLUDE END: DRAIN AT EXIT
 
 
+# LITERALINCLUDE START: DEVICE FUNCTIONS
 def is_available() -> bool:
     """True when the runtime reports at least one device."""
     return _rt.device_count() > 0
@@ -190,16 +193,19 @@ class device:
 
     def __enter__(self) -> None:
         _lazy_init()
-        self.prev_idx = torch._C._accelerator_exchangeDevice(self.idx)
+        if self.idx >= 0:  # None or a negative index selects nothing, as in torch.cuda.device
+            self.prev_idx = torch._C._accelerator_exchangeDevice(self.idx)
 
     def __exit__(self, *exc: object) -> None:
-        self.idx = torch._C._accelerator_maybeExchangeDevice(self.prev_idx)
+        if self.prev_idx >= 0:
+            self.idx = torch._C._accelerator_maybeExchangeDevice(self.prev_idx)
 
 
 def synchronize(device: Any = None) -> None:
     """Wait for all work on a device (default: current), raising errors of failed kernels."""
     _lazy_init()
     torch._C._accelerator_synchronizeDevice(_index(device))
+# LITERALINCLUDE END: DEVICE FUNCTIONS
 
 
 def get_device_properties(device: Any = None) -> _rt.DeviceProperties:

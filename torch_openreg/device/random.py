@@ -14,6 +14,7 @@ import openreg as _rt
 from torch_openreg import _C
 
 
+# LITERALINCLUDE START: RANDOM STATE
 class _DefaultGenerators(tuple):
     """``torch.openreg.default_generators``: one ``torch.Generator`` per device."""
 
@@ -65,6 +66,7 @@ def manual_seed_all(seed: int) -> None:
     """Seed every device's generator."""
     seed = int(seed)
     _call(lambda: [g.manual_seed(seed) for g in default_generators])
+# LITERALINCLUDE END: RANDOM STATE
 
 
 def seed() -> None:

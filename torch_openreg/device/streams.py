@@ -46,6 +46,7 @@ class Event(metaclass=_OpenRegType):
 # LITERALINCLUDE END: STREAM CLASSES
 
 
+# LITERALINCLUDE START: CURRENT STREAM
 def current_stream(device: Any = None) -> torch.Stream:
     """The calling thread's current stream on a device."""
     from . import _index, _lazy_init
@@ -83,3 +84,4 @@ class stream:
         if self.stream is not None:
             set_stream(self.prev)
             torch._C._accelerator_exchangeDevice(self.prev_device)
+# LITERALINCLUDE END: CURRENT STREAM

@@ -259,7 +259,7 @@ class DeviceCachingAllocator:
         allocated = self.stats.arrays["allocated_bytes"][0].current
         reserved = self.stats.arrays["reserved_bytes"][0].current
         message = (
-            f"OpenReg out of memory. Tried to allocate {format_size(requested)} "
+            f"OpenReg out of memory on openreg:{self.device}. Tried to allocate {format_size(requested)} "
             f"(a new {format_size(segment)} segment). Device {self.device} has a total capacity of "
             f"{format_size(total)} of which {format_size(free)} is free. Of the allocated memory "
             f"{format_size(allocated)} is allocated by PyTorch, and {format_size(reserved - allocated)} "

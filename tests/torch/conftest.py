@@ -1,0 +1,98 @@
+"""Shared fixtures for the PyTorch-integration tests (``import torch`` autoloads openreg).
+
+Every test starts on openreg:0 with the default streams current. At teardown every device is
+synchronized, so a kernel error a test left unreported fails that test instead of a later one.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import openreg
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _reset() -> None:
+    for index in range(torch.openreg.device_count()):
+        torch.openreg.set_stream(torch.openreg.default_stream(index))
+    torch.openreg.set_device(0)
+
+
+@pytest.fixture(autouse=True)
+def openreg_state():
+    """Start on openreg:0 and default streams; drain every device (reporting kernel errors) after."""
+    _reset()
+    yield
+    errors = []
+    for index in range(torch.openreg.device_count()):
+        try:
+            torch.openreg.synchronize(index)
+        except RuntimeError as exc:  # keep draining the other devices, then fail the test
+            errors.append(exc)
+    _reset()
+    assert not errors, f"the test left unreported kernel errors: {errors}"
+
+
+def memory_in_use() -> list[int]:
+    """Bytes allocated to tensors on every device (``torch.openreg.memory_allocated``), once idle and collected."""
+    for index in range(torch.openreg.device_count()):
+        torch.openreg.synchronize(index)
+    gc.collect()
+    return [torch.openreg.memory_allocated(index) for index in range(openreg.device_count())]
+
+
+@pytest.fixture(name="memory_in_use")
+def memory_in_use_fixture():
+    """:func:`memory_in_use` for tests (this directory is not a package: ``tests/torch`` would shadow torch)."""
+    return memory_in_use
+
+
+@pytest.fixture
+def no_leak():
+    """Fail the test if device memory is not back to where it was when the test started."""
+    before = memory_in_use()
+    yield
+    after = memory_in_use()
+    assert after == before, f"device memory leaked: {before} -> {after}"
+
+
+@pytest.fixture
+def two_devices():
+    if torch.openreg.device_count() < 2:
+        pytest.skip("needs at least two openreg devices (OPENREG_DEVICE_COUNT >= 2)")
+
+
+def _no_core_dumps() -> None:
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+
+
+@pytest.fixture
+def run_python():
+    """Run ``code`` in a fresh interpreter (clean OPENREG_*/TORCH_DEVICE_BACKEND_AUTOLOAD env plus ``env``)."""
+
+    def run(code: str, env: dict[str, str] | None = None, timeout: float = 60.0) -> subprocess.CompletedProcess:
+        full_env = {
+            k: v for k, v in os.environ.items() if not k.startswith("OPENREG_") and k != "TORCH_DEVICE_BACKEND_AUTOLOAD"
+        }
+        full_env.update(env or {})
+        return subprocess.run(
+            [sys.executable, "-c", code],
+            env=full_env,
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            preexec_fn=_no_core_dumps,
+        )
+
+    return run
