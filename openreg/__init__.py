@@ -18,10 +18,13 @@ from .device import (
 from .errors import ErrorCode, OpenRegError
 from .event import Event
 from .memory import (
+    IpcHandle,
     PointerAttributes,
     free,
     host_free,
     host_malloc,
+    ipc_export,
+    ipc_open,
     mem_get_info,
     memory_used,
     pointer_attributes,
@@ -54,7 +57,8 @@ def launch(fn, *args, buffers=(), stream: Stream | None = None, name: str = "ker
 
 
 __all__ = [
-    "DeviceProperties", "ErrorCode", "Event", "LAUNCH_BLOCKING", "MemcpyKind", "OpenRegError",
+    "DeviceProperties", "ErrorCode", "Event", "LAUNCH_BLOCKING", "MemcpyKind", "OpenRegError", "IpcHandle",
+    "ipc_export", "ipc_open",
     "PRIORITY_HIGH", "PRIORITY_LOW", "PointerAttributes", "Stream", "add_launch_observer",
     "current_stream", "default_stream", "device_capacity", "device_count", "exchange_device", "free",
     "get_device", "get_device_properties", "get_stream", "host_free", "host_malloc", "launch", "malloc",

@@ -27,10 +27,13 @@ def round_up(size: int) -> int:
     return (size + PAGE - 1) // PAGE * PAGE
 
 
-def map_pages(size: int, prot: int) -> int | None:
-    """Map ``size`` bytes of fresh zeroed anonymous memory; None if the OS refuses."""
-    flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_NORESERVE
-    addr = _libc.mmap(None, size, prot, flags, -1, 0)
+def map_pages(size: int, prot: int, fd: int = -1) -> int | None:
+    """Map ``size`` bytes: fresh anonymous memory, or the shared file ``fd``; None if the OS refuses."""
+    if fd < 0:
+        flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_NORESERVE
+    else:
+        flags = mmap.MAP_SHARED | _MAP_NORESERVE
+    addr = _libc.mmap(None, size, prot, flags, fd, 0)
     if addr is None or addr == _MAP_FAILED:
         return None
     return addr

@@ -73,6 +73,38 @@ def check_device(index: int) -> int:
 
 _local = threading.local()
 
+# LITERALINCLUDE START: FORK POISON
+# A child forked after the runtime started has copies of its state but none of its
+# worker threads: like a CUDA context, the runtime cannot be used there.
+_started = False
+_forked = False
+
+
+def start() -> None:
+    """Mark the runtime in use (first allocation or stream); refuse if this is a forked child."""
+    global _started
+    if _forked:
+        raise OpenRegError(
+            ErrorCode.NOT_INITIALIZED,
+            "Cannot re-initialize OpenReg in forked subprocess. To use OpenReg with multiprocessing, "
+            "you must use the 'spawn' start method",
+        )
+    _started = True
+
+
+def _after_fork_in_child() -> None:
+    global _forked
+    _forked = _forked or _started
+
+
+def forked() -> bool:
+    """True in a child forked after the runtime started (the runtime is unusable there)."""
+    return _forked
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+# LITERALINCLUDE END: FORK POISON
+
 
 def get_device() -> int:
     """The calling thread's current device (0 until set, like a fresh CUDA thread)."""

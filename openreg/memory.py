@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import bisect
 import collections
+import os
+import resource
 import threading
 from dataclasses import dataclass, field
 
 from . import _libc
-from .device import check_device, device_capacity, device_count
+from .device import check_device, device_capacity, device_count, forked, start
 from .errors import ErrorCode, OpenRegError
 
 DEVICE = "device"
@@ -40,6 +42,8 @@ class Allocation:
     uses: int = 0  # launches queued or running that name this allocation
     access: int = 0  # launches currently holding host access
     free_pending: bool = field(default=False)
+    fd: int = -1  # the shared-memory file behind device memory (what IPC hands to other processes)
+    imported: bool = False  # mapped from another process's export
 
 
 @dataclass(frozen=True)
@@ -50,6 +54,7 @@ class PointerAttributes:
     device: int | None
     base: int
     size: int
+    imported: bool = False
 
 
 _lock = threading.RLock()
@@ -58,6 +63,11 @@ _bases: list[int] = []  # sorted allocation bases, to resolve interior pointers
 _used = [0] * device_count()  # bytes held per device (page-rounded)
 _freed: collections.OrderedDict[int, None] = collections.OrderedDict()  # recent bases, for double-free reports
 _FREED_MEMORY = 4096
+
+# Each device allocation keeps its shared-memory file open (for IPC): allow as many as the system does.
+_soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+if _hard == resource.RLIM_INFINITY or _soft < _hard:
+    resource.setrlimit(resource.RLIMIT_NOFILE, (_hard if _hard != resource.RLIM_INFINITY else 1 << 20, _hard))
 
 
 def _register(alloc: Allocation) -> None:
@@ -95,6 +105,7 @@ def find(ptr: int, *, mapped: bool = False) -> Allocation | None:
 def malloc(size: int, device: int) -> int:
     """Allocate ``size`` bytes on ``device``; returns the pointer (0 for size 0)."""
     check_device(device)
+    start()
     if size < 0:
         raise OpenRegError(ErrorCode.INVALID_VALUE, f"malloc of negative size {size} on openreg:{device}")
     if size == 0:
@@ -108,20 +119,23 @@ def malloc(size: int, device: int) -> int:
                 f"out of memory on openreg:{device}: tried to allocate {size} bytes; "
                 f"{_used[device]} bytes in use of {capacity} total, {capacity - _used[device]} free",
             )
-        ptr = _libc.map_pages(mapped, _libc.PROT_NONE)
+        fd = os.memfd_create(f"openreg{device}", os.MFD_CLOEXEC)
+        os.ftruncate(fd, mapped)
+        ptr = _libc.map_pages(mapped, _libc.PROT_NONE, fd)
         if ptr is None:
+            os.close(fd)
             raise OpenRegError(
                 ErrorCode.OUT_OF_MEMORY, f"out of memory on openreg:{device}: the host refused {mapped} bytes"
             )
         _used[device] += mapped
-        _register(Allocation(ptr, size, mapped, DEVICE, device))
+        _register(Allocation(ptr, size, mapped, DEVICE, device, fd=fd))
     return ptr
 
 
 def free(ptr: int) -> None:
     """Free device memory; released once no queued or running work names it."""
-    if ptr == 0:
-        return
+    if ptr == 0 or forked():
+        return  # in a forked child the parent's memory is left alone
     with _lock:
         alloc = _allocs.get(ptr)
         if alloc is None or alloc.kind != DEVICE or alloc.free_pending:
@@ -148,12 +162,53 @@ def _raise_bad_free(ptr: int, alloc: Allocation | None, kind: str) -> None:
 def _release(alloc: Allocation) -> None:
     _unregister(alloc)
     _libc.unmap_pages(alloc.ptr, alloc.mapped)
-    if alloc.kind == DEVICE:
+    if alloc.fd >= 0:
+        os.close(alloc.fd)
+    if alloc.kind == DEVICE and not alloc.imported:
         _used[alloc.device] -= alloc.mapped
+
+
+# LITERALINCLUDE START: RUNTIME IPC
+@dataclass(frozen=True)
+class IpcHandle:
+    """What another process needs to map an allocation (``cudaIpcMemHandle_t``): the file and where."""
+
+    fd: int
+    device: int
+    mapped: int
+    offset: int
+
+
+def ipc_export(ptr: int) -> IpcHandle:
+    """Describe the device allocation containing ``ptr`` for another process."""
+    alloc = find(ptr)
+    if alloc is None or alloc.kind != DEVICE:
+        raise OpenRegError(ErrorCode.INVALID_POINTER, f"ipc_export: 0x{ptr:x} is not openreg device memory")
+    if alloc.imported:
+        raise OpenRegError(
+            ErrorCode.INVALID_VALUE,
+            f"ipc_export: 0x{ptr:x} was received from another process; only the process that allocated "
+            "device memory can share it",
+        )
+    return IpcHandle(alloc.fd, alloc.device, alloc.mapped, ptr - alloc.ptr)
+
+
+def ipc_open(fd: int, device: int, mapped: int) -> int:
+    """Map another process's allocation (this takes ownership of ``fd``); free it with :func:`free`."""
+    check_device(device)
+    ptr = _libc.map_pages(mapped, _libc.PROT_NONE, fd)
+    if ptr is None:
+        os.close(fd)
+        raise OpenRegError(ErrorCode.INVALID_HANDLE, f"ipc_open: cannot map {mapped} bytes of openreg:{device}")
+    with _lock:
+        _register(Allocation(ptr, mapped, mapped, DEVICE, device, fd=fd, imported=True))
+    return ptr
+# LITERALINCLUDE END: RUNTIME IPC
 
 
 def host_malloc(size: int) -> int:
     """Allocate pinned (page-locked in a real driver) host memory, readable by the host."""
+    start()
     if size < 0:
         raise OpenRegError(ErrorCode.INVALID_VALUE, f"host_malloc of negative size {size}")
     if size == 0:
@@ -185,7 +240,7 @@ def pointer_attributes(ptr: int) -> PointerAttributes:
     alloc = find(ptr)
     if alloc is None:
         return PointerAttributes(UNREGISTERED, None, 0, 0)
-    return PointerAttributes(alloc.kind, alloc.device, alloc.ptr, alloc.size)
+    return PointerAttributes(alloc.kind, alloc.device, alloc.ptr, alloc.size, alloc.imported)
 
 
 def memory_used(device: int) -> int:

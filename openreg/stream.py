@@ -26,7 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 from . import memory
-from .device import check_device, device_count, get_device
+from .device import check_device, device_count, forked, get_device, start
 from .errors import ErrorCode, OpenRegError
 
 LAUNCH_BLOCKING = os.environ.get("OPENREG_LAUNCH_BLOCKING", "0") not in ("", "0")
@@ -92,6 +92,8 @@ class _Queue:
     # LITERALINCLUDE START: STREAM WAIT
     def wait_for(self, seq: int) -> None:
         """Block until launch ``seq`` has finished, running queued work here when the worker is idle."""
+        if forked():
+            start()  # raises: the workers did not survive the fork
         while True:
             with self.cond:
                 if self.done >= seq:
@@ -154,6 +156,7 @@ class Stream:
         at once (a free before the work ends is deferred) and opened to the host
         only while ``fn`` runs.
         """
+        start()
         allocs = memory.acquire(buffers)
         q = self._q
         with q.cond:

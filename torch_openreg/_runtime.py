@@ -12,15 +12,13 @@ import itertools
 
 import openreg
 
+from .memory import allocator, host_allocator, owner
+
 # LITERALINCLUDE START: BRIDGE DEVICES
 device_count = openreg.device_count
 get_device = openreg.get_device
 set_device = openreg.set_device
 exchange_device = openreg.exchange_device
-free = openreg.free
-host_malloc = openreg.host_malloc
-host_free = openreg.host_free
-malloc = openreg.malloc
 
 _POOL_SIZE = 4  # streams per priority per device (CUDA keeps 32; worker threads start lazily)
 _pools: dict[tuple[int, bool], list[openreg.Stream]] = {}
@@ -30,6 +28,8 @@ _next: dict[tuple[int, bool], itertools.count] = {}
 def _dev(device: int) -> int:
     """PyTorch says -1 for "the current device"."""
     return openreg.get_device() if device < 0 else device
+
+
 
 
 def init() -> None:
@@ -51,8 +51,58 @@ def is_pinned(ptr: int) -> bool:
 def has_primary_context(device: int) -> bool:
     """True once the device has memory or streams in use (its context exists)."""
     openreg.get_device_properties(device)
-    return openreg.memory_used(device) > 0 or device in openreg.stream._default
+    return allocator(device).segments != {} or device in openreg.stream._default
 # LITERALINCLUDE END: BRIDGE DEVICES
+
+
+# LITERALINCLUDE START: BRIDGE MEMORY
+def malloc(nbytes: int, device: int) -> int:
+    """Device memory for a tensor: from the caching allocator, on the current stream's pool."""
+    return allocator(device).malloc(nbytes, openreg.current_stream(device))
+
+
+def free(ptr: int) -> None:
+    owner(ptr).free(ptr)
+
+
+def record_stream(ptr: int, device: int, stream_id: int) -> None:
+    owner(ptr).record_stream(ptr, openreg.get_stream(_dev(device), stream_id))
+
+
+def empty_cache() -> None:
+    for index in range(openreg.device_count()):
+        allocator(index).empty_cache()
+
+
+def device_stats(device: int) -> dict:
+    return allocator(_dev(device)).stats.as_dict()
+
+
+def reset_accumulated_stats(device: int) -> None:
+    allocator(_dev(device)).stats.reset_accumulated()
+
+
+def reset_peak_stats(device: int) -> None:
+    allocator(_dev(device)).stats.reset_peak()
+
+
+def mem_get_info(device: int) -> tuple[int, int]:
+    return openreg.mem_get_info(_dev(device))
+
+
+ipc_close = openreg.free  # unmap memory received from another process
+
+host_malloc = host_allocator.malloc
+host_free = host_allocator.free
+host_empty_cache = host_allocator.empty_cache
+host_stats = host_allocator.as_dict
+host_reset_accumulated_stats = host_allocator.reset_accumulated
+host_reset_peak_stats = host_allocator.reset_peak
+
+
+def host_record_event(ptr: int, device: int, stream_id: int) -> bool:
+    return host_allocator.record_event(ptr, openreg.get_stream(_dev(device), stream_id))
+# LITERALINCLUDE END: BRIDGE MEMORY
 
 
 # LITERALINCLUDE START: BRIDGE STREAMS
@@ -66,10 +116,6 @@ def pool_stream(device: int, high_priority: bool) -> int:
         pool = _pools[key] = [openreg.Stream(device, priority) for _ in range(_POOL_SIZE)]
         _next[key] = itertools.count()
     return pool[next(_next[key]) % _POOL_SIZE].id
-
-
-def stream_priority(device: int, stream_id: int) -> int:
-    return openreg.get_stream(_dev(device), stream_id).priority
 
 
 def current_stream(device: int) -> int:

@@ -107,7 +107,7 @@ def _no_core_dumps() -> None:
 
 @pytest.fixture
 def host_prot():
-    """``host_prot(addr)``: the host's permissions on the page holding ``addr``, e.g. ``'---p'``."""
+    """``host_prot(addr)``: the host's permissions on the page holding ``addr``, e.g. ``'---s'`` (device memory)."""
     if not os.path.exists("/proc/self/maps"):
         pytest.skip("needs /proc/self/maps")
 

@@ -222,12 +222,12 @@ def test_pointer_attributes_on_second_device(two_devices):
 def test_device_memory_is_protected_outside_kernels(host_prot):
     p = openreg.malloc(100)
     try:
-        assert host_prot(p) == "---p"
+        assert host_prot(p) == "---s"
         inside = []
         openreg.launch(lambda: inside.append(host_prot(p)), buffers=[p])
         openreg.synchronize()
-        assert inside == ["rw-p"]
-        assert host_prot(p) == "---p"  # closed again after the kernel
+        assert inside == ["rw-s"]
+        assert host_prot(p) == "---s"  # closed again after the kernel
     finally:
         openreg.free(p)
 
@@ -289,7 +289,7 @@ def test_free_is_deferred_until_the_kernel_ends(asynchronous, host_prot):
     raises(ErrorCode.INVALID_POINTER, stream.launch, lambda: None, buffers=[p])  # no new work on it
 
     stream.synchronize()  # the kernel ran without error
-    assert seen == {"prot": "rw-p", "data": b"\x5a" * 16}
+    assert seen == {"prot": "rw-s", "data": b"\x5a" * 16}
     assert openreg.memory_used(0) == base
     assert openreg.pointer_attributes(p).type == "unregistered"
     raises(ErrorCode.DOUBLE_FREE, openreg.free, p)

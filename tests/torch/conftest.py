@@ -42,11 +42,11 @@ def openreg_state():
 
 
 def memory_in_use() -> list[int]:
-    """Device memory held on every device, after the devices are idle and garbage is collected."""
+    """Bytes allocated to tensors on every device (``torch.openreg.memory_allocated``), once idle and collected."""
     for index in range(torch.openreg.device_count()):
         torch.openreg.synchronize(index)
     gc.collect()
-    return [openreg.memory_used(index) for index in range(openreg.device_count())]
+    return [torch.openreg.memory_allocated(index) for index in range(openreg.device_count())]
 
 
 @pytest.fixture(name="memory_in_use")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import signal
 
 import pytest
@@ -35,7 +36,7 @@ def test_invalid_device_index():
 def test_out_of_memory_raises_and_recovers(memory_in_use):
     before = memory_in_use()
     keep = torch.ones(1024, device="openreg")
-    with pytest.raises(torch.OutOfMemoryError, match=r"out of memory on openreg:0.*tried to allocate"):
+    with pytest.raises(torch.OutOfMemoryError, match=r"(?i)out of memory on openreg:0.*tried to allocate"):
         torch.empty(1 << 40, device="openreg")
     with pytest.raises(torch.OutOfMemoryError):
         torch.ones(1 << 20, device="openreg").expand(1 << 20, 1 << 20).contiguous()  # an op's output
@@ -94,7 +95,9 @@ def test_host_access_to_device_memory_segfaults_with_report(run_python):
     ptr = proc.stdout.split()[1]
     assert "openreg: host code accessed device memory" in proc.stderr
     assert "openreg:0" in proc.stderr
-    assert f"allocation {ptr} of 256 bytes" in proc.stderr
+    assert f"device memory at {ptr}" in proc.stderr
+    # the driver names its allocation: the caching allocator's 2 MiB segment holding the tensor
+    assert re.search(r"inside allocation 0x[0-9a-f]+ of 2097152 bytes", proc.stderr), proc.stderr
 
 
 def test_elapsed_time_between_devices(two_devices):
@@ -142,8 +145,8 @@ def test_runtime_elapsed_time_errors_are_clear():
 
 def test_never_fallback_operator():
     t = torch.ones(2, device="openreg")
-    with pytest.raises(NotImplementedError, match=r"aten::record_stream.*openreg"):
-        t.record_stream(torch.openreg.Stream())
+    with pytest.raises(NotImplementedError, match=r"aten::to_mkldnn.*openreg.*CPU only"):
+        t.to_mkldnn()
 
 
 def test_pin_memory_of_device_tensor():

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 import openreg
+from torch_openreg.memory import host_allocator
 
 from .launch import host_view, launch, run_sync
 
@@ -31,13 +32,13 @@ def copy_from(src: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False) 
         launch(dst.device.index, _copy_into, host_view(dst), host_view(src), tensors=(dst, src), name="copy_d2d")
         return dst
     if dst.device.type == "openreg":  # host to device
-        device, tensors, args = dst.device.index, (dst,), (host_view(dst), src)
-        asynchronous = non_blocking and src.is_pinned()
+        device, tensors, args, host = dst.device.index, (dst,), (host_view(dst), src), src
     else:  # device to host
-        device, tensors, args = src.device.index, (src,), (dst, host_view(src))
-        asynchronous = non_blocking and dst.is_pinned()
-    if asynchronous:
-        launch(device, _copy_into, *args, tensors=tensors, name="copy_async")
+        device, tensors, args, host = src.device.index, (src,), (dst, host_view(src)), dst
+    if non_blocking and host.is_pinned():
+        stream, _ = launch(device, _copy_into, *args, tensors=tensors, name="copy_async")
+        # The pinned block must not be handed out again before this copy has run.
+        host_allocator.record_event(host.untyped_storage().data_ptr(), stream)
     else:
         run_sync(device, _copy_into, *args, tensors=tensors, name="copy")
     return dst
@@ -48,6 +49,16 @@ def copy_from_and_resize(src: torch.Tensor, dst: torch.Tensor) -> torch.Tensor:
     """``aten::_copy_from_and_resize``: resize ``dst`` to ``src``'s shape, then copy."""
     dst.resize_(src.shape)
     return copy_from(src, dst)
+
+
+def record_stream(t: torch.Tensor, stream: torch.Stream) -> None:
+    """``Tensor.record_stream``: the caching allocator keeps ``t``'s block until ``stream``'s work is done."""
+    import openreg
+    from torch_openreg.memory import owner
+
+    ptr = t.untyped_storage().data_ptr()
+    if ptr:
+        owner(ptr).record_stream(ptr, openreg.get_stream(stream.device_index, stream.stream_id))
 
 
 # LITERALINCLUDE START: LOCAL SCALAR DENSE

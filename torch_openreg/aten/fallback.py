@@ -32,7 +32,7 @@ from .launch import host_view, launch, run_sync
 NEVER_FALLBACK = {
     "aten::_pin_memory": "pinning applies to CPU tensors; openreg memory is device memory",
     "aten::_pin_memory.out": "pinning applies to CPU tensors; openreg memory is device memory",
-    "aten::record_stream": "the openreg allocator does not track streams yet",
+    "aten::to_mkldnn": "MKL-DNN tensors live on the CPU only; copy the tensor to the CPU first",
 }
 # Operators that may take CPU index tensors alongside openreg tensors (as on CUDA).
 CPU_INDICES_OK = {

@@ -1,20 +1,40 @@
-// Device and pinned-host allocators: thin c10::Allocator shells over the
-// runtime's malloc/free and host_malloc/host_free.
+// Device and pinned-host allocators: c10 allocator shells whose every decision
+// (caching, pools, streams, statistics) is made by torch_openreg.memory in
+// Python. The C++ side only converts between DataPtrs and plain pointers and
+// copies statistics into PyTorch's structs.
 #include "allocator.h"
 
+#include <ATen/core/CachingHostAllocator.h>
+#include <c10/core/CachingDeviceAllocator.h>
 #include <c10/core/CPUAllocator.h>
+#include <pybind11/stl.h>
 
 #include "bridge.h"
 
 namespace openreg {
 namespace {
 
+namespace cda = c10::CachingDeviceAllocator;
+
 void free_device(void* ptr) { call_quietly("free", reinterpret_cast<uintptr_t>(ptr)); }
 
 void free_host(void* ptr) { call_quietly("host_free", reinterpret_cast<uintptr_t>(ptr)); }
 
+void fill(c10::CachingAllocator::Stat& stat, const py::dict& values) {
+  stat.current = values["current"].cast<int64_t>();
+  stat.peak = values["peak"].cast<int64_t>();
+  stat.allocated = values["allocated"].cast<int64_t>();
+  stat.freed = values["freed"].cast<int64_t>();
+}
+
+void fill(cda::StatArray& array, const py::dict& pools) {
+  fill(array[0], pools["all"].cast<py::dict>());
+  fill(array[1], pools["small_pool"].cast<py::dict>());
+  fill(array[2], pools["large_pool"].cast<py::dict>());
+}
+
 // LITERALINCLUDE START: DEVICE ALLOCATOR
-struct DeviceAllocator final : public c10::Allocator {
+struct DeviceAllocator final : public c10::DeviceAllocator {
   c10::DataPtr allocate(size_t nbytes) override {
     auto index = call<c10::DeviceIndex>("get_device");
     void* ptr = nbytes ? reinterpret_cast<void*>(call<uintptr_t>("malloc", nbytes, index)) : nullptr;
@@ -25,11 +45,44 @@ struct DeviceAllocator final : public c10::Allocator {
     call("copy_device_to_device", reinterpret_cast<uintptr_t>(dst), reinterpret_cast<uintptr_t>(src), count,
          call<c10::DeviceIndex>("get_device"));
   }
+
+  bool initialized() override { return true; }
+  void emptyCache(c10::MempoolId_t) override { call("empty_cache"); }
+  void recordStream(const c10::DataPtr& ptr, c10::Stream stream) override {
+    if (ptr.get()) call("record_stream", reinterpret_cast<uintptr_t>(ptr.get()), stream.device_index(), stream.id());
+  }
+  cda::DeviceStats getDeviceStats(c10::DeviceIndex index) override {
+    py::gil_scoped_acquire gil;
+    py::dict stats = call<py::dict>("device_stats", index);
+    cda::DeviceStats out;
+    fill(out.allocation, stats["allocation"]);
+    fill(out.segment, stats["segment"]);
+    fill(out.active, stats["active"]);
+    fill(out.inactive_split, stats["inactive_split"]);
+    fill(out.allocated_bytes, stats["allocated_bytes"]);
+    fill(out.reserved_bytes, stats["reserved_bytes"]);
+    fill(out.active_bytes, stats["active_bytes"]);
+    fill(out.inactive_split_bytes, stats["inactive_split_bytes"]);
+    fill(out.requested_bytes, stats["requested_bytes"]);
+    out.num_alloc_retries = stats["num_alloc_retries"].cast<int64_t>();
+    out.num_ooms = stats["num_ooms"].cast<int64_t>();
+    out.num_sync_all_streams = stats["num_sync_all_streams"].cast<int64_t>();
+    out.num_device_alloc = stats["num_device_alloc"].cast<int64_t>();
+    out.num_device_free = stats["num_device_free"].cast<int64_t>();
+    fill(out.oversize_allocations, stats["oversize_allocations"].cast<py::dict>());
+    fill(out.oversize_segments, stats["oversize_segments"].cast<py::dict>());
+    return out;
+  }
+  void resetAccumulatedStats(c10::DeviceIndex index) override { call("reset_accumulated_stats", index); }
+  void resetPeakStats(c10::DeviceIndex index) override { call("reset_peak_stats", index); }
+  std::pair<size_t, size_t> getMemoryInfo(c10::DeviceIndex index) override {
+    return call<std::pair<size_t, size_t>>("mem_get_info", index);
+  }
 };
 // LITERALINCLUDE END: DEVICE ALLOCATOR
 
 // LITERALINCLUDE START: HOST ALLOCATOR
-struct HostAllocator final : public c10::Allocator {
+struct HostAllocator final : public at::HostAllocator {
   c10::DataPtr allocate(size_t nbytes) override {
     void* ptr = nbytes ? reinterpret_cast<void*>(call<uintptr_t>("host_malloc", nbytes)) : nullptr;
     return {ptr, ptr, &free_host, c10::Device(c10::DeviceType::CPU)};
@@ -38,6 +91,24 @@ struct HostAllocator final : public c10::Allocator {
   void copy_data(void* dst, const void* src, std::size_t count) const override {
     default_copy_data(dst, src, count);
   }
+  bool record_event(void* ptr, void*, c10::Stream stream) override {
+    return call<bool>("host_record_event", reinterpret_cast<uintptr_t>(ptr), stream.device_index(), stream.id());
+  }
+  void empty_cache() override { call("host_empty_cache"); }
+  at::HostStats get_stats() override {
+    py::gil_scoped_acquire gil;
+    py::dict stats = call<py::dict>("host_stats");
+    at::HostStats out;
+    fill(out.allocations, stats["allocations"].cast<py::dict>());
+    fill(out.allocated_bytes, stats["allocated_bytes"].cast<py::dict>());
+    fill(out.active_requests, stats["active_requests"].cast<py::dict>());
+    fill(out.active_bytes, stats["active_bytes"].cast<py::dict>());
+    out.num_host_alloc = stats["num_host_alloc"].cast<int64_t>();
+    out.num_host_free = stats["num_host_free"].cast<int64_t>();
+    return out;
+  }
+  void reset_accumulated_stats() override { call("host_reset_accumulated_stats"); }
+  void reset_peak_stats() override { call("host_reset_peak_stats"); }
 };
 // LITERALINCLUDE END: HOST ALLOCATOR
 
@@ -51,6 +122,7 @@ c10::Allocator* host_allocator() { return &g_host_allocator; }
 
 // LITERALINCLUDE START: REGISTER ALLOCATOR
 REGISTER_ALLOCATOR(c10::DeviceType::PrivateUse1, &g_device_allocator);
+REGISTER_HOST_ALLOCATOR(c10::DeviceType::PrivateUse1, &g_host_allocator);
 // LITERALINCLUDE END: REGISTER ALLOCATOR
 
 } // namespace openreg

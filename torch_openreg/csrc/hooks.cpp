@@ -14,7 +14,13 @@ namespace {
 // LITERALINCLUDE START: HOOKS
 struct Hooks final : public at::PrivateUse1HooksInterface {
   bool isBuilt() const override { return true; }
-  bool isAvailable() const override { return deviceCount() > 0; }
+  bool isAvailable() const override {
+    try {
+      return deviceCount() > 0;
+    } catch (...) {
+      return false; // must not throw: a broken runtime is "not available"
+    }
+  }
   void init() const override { call("init"); }
   bool hasPrimaryContext(c10::DeviceIndex index) const override {
     return call<bool>("has_primary_context", index);

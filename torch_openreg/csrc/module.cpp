@@ -29,6 +29,25 @@ at::Tensor host_view(const at::Tensor& t) {
 }
 // LITERALINCLUDE END: HOST VIEW
 
+namespace {
+void close_ipc(void* base) { call_quietly("ipc_close", reinterpret_cast<uintptr_t>(base)); }
+} // namespace
+
+// LITERALINCLUDE START: IPC STORAGE
+// A 1-D uint8 tensor over memory mapped from another process: its storage
+// owns the mapping (the context is the mapping's base) and unmaps it when freed.
+at::Tensor ipc_tensor(uintptr_t data, int64_t nbytes, c10::DeviceIndex index, uintptr_t base) {
+  c10::DataPtr ptr(reinterpret_cast<void*>(data), reinterpret_cast<void*>(base), &close_ipc, device(index));
+  auto storage = c10::make_intrusive<c10::StorageImpl>(c10::StorageImpl::use_byte_size_t(), nbytes, std::move(ptr),
+                                                       /*allocator=*/nullptr, /*resizable=*/false);
+  auto tensor = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(std::move(storage)),
+                                                         c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+                                                         caffe2::TypeMeta::Make<uint8_t>());
+  tensor.unsafeGetTensorImpl()->set_sizes_contiguous({nbytes});
+  return tensor;
+}
+// LITERALINCLUDE END: IPC STORAGE
+
 } // namespace openreg
 
 // LITERALINCLUDE START: PYBIND MODULE
@@ -38,6 +57,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("_cpu_generator", &openreg::cpu_generator, "the CPU generator an openreg generator forwards to");
   m.def("_default_generator", [](c10::DeviceIndex index) { return openreg::default_generator(index); },
         "the default generator of an openreg device");
+  m.def("_ipc_tensor", &openreg::ipc_tensor, "uint8 openreg tensor over memory mapped from another process");
   m.def("_storage_base", [](const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.storage().data()); },
         "device pointer of a tensor's storage (what kernels name as their buffers)");
 }

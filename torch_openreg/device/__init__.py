@@ -18,6 +18,24 @@ import torch
 
 import openreg as _rt
 
+from .memory import (
+    empty_cache,
+    get_per_process_memory_fraction,
+    host_memory_stats,
+    max_memory_allocated,
+    max_memory_reserved,
+    mem_get_info,
+    memory_allocated,
+    memory_reserved,
+    memory_snapshot,
+    memory_stats,
+    memory_stats_as_nested_dict,
+    memory_summary,
+    reset_accumulated_memory_stats,
+    reset_max_memory_allocated,
+    reset_peak_memory_stats,
+    set_per_process_memory_fraction,
+)
 from .random import (
     default_generators,
     get_rng_state,
@@ -38,6 +56,10 @@ __all__ = [
     "get_rng_state_all", "init", "initial_seed", "is_available", "is_initialized", "manual_seed",
     "manual_seed_all", "seed", "seed_all", "set_device", "set_rng_state", "set_rng_state_all", "set_stream",
     "stream", "synchronize",
+    "empty_cache", "get_per_process_memory_fraction", "host_memory_stats", "max_memory_allocated",
+    "max_memory_reserved", "mem_get_info", "memory_allocated", "memory_reserved", "memory_snapshot", "memory_stats",
+    "memory_stats_as_nested_dict", "memory_summary", "reset_accumulated_memory_stats", "reset_max_memory_allocated",
+    "reset_peak_memory_stats", "set_per_process_memory_fraction",
 ]
 
 _initialized = False
@@ -53,7 +75,7 @@ def is_initialized() -> bool:
 
 
 def _is_in_bad_fork() -> bool:
-    return _in_bad_fork
+    return _in_bad_fork or _rt.device.forked()
 
 
 def _lazy_call(fn: Callable[[], None]) -> None:
@@ -71,7 +93,7 @@ def _lazy_init() -> None:
     with _init_lock:
         if is_initialized():
             return
-        if _in_bad_fork:
+        if _is_in_bad_fork():
             raise RuntimeError(
                 "Cannot re-initialize OpenReg in forked subprocess. To use OpenReg with "
                 "multiprocessing, you must use the 'spawn' start method"
