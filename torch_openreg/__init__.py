@@ -6,10 +6,20 @@ Importing this package (which ``import torch`` does through the
 methods and registers the Python operator kernels.
 """
 
-import torch
-
 # LITERALINCLUDE START: AUTOLOAD
-from . import _C  # noqa: F401  (registers guard, hooks, allocators, minimal ops)
+
+
+def _autoload() -> None:
+    """Entry point of the ``torch.backends`` group: importing this package does the work.
+
+    Defined before ``import torch`` so that ``import torch_openreg`` done first also works: that
+    import runs torch's autoload, which finds this (still loading) module and calls this function.
+    """
+
+
+import torch  # noqa: E402
+
+from . import _C  # noqa: E402,F401  (registers guard, hooks, allocators, minimal ops)
 
 torch.utils.rename_privateuse1_backend("openreg")
 
@@ -22,8 +32,4 @@ from . import aten  # noqa: E402,F401  (operator registrations)
 from . import multiprocessing as _multiprocessing  # noqa: E402
 
 _multiprocessing.install()
-
-
-def _autoload() -> None:
-    """Entry point of the ``torch.backends`` group: importing this package did the work."""
 # LITERALINCLUDE END: AUTOLOAD

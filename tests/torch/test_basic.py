@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
 import torch
 
 
@@ -95,12 +94,6 @@ def test_autoload_disabled_then_explicit_import(run_python):
     assert lines[-1] == "after import: 6.0"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="torch_openreg/__init__.py imports torch before defining _autoload: importing torch_openreg first "
-    "makes torch's autoload find a half-initialized module ('Failed to load the backend extension'). "
-    "Fix: define _autoload before `import torch` (file outside this suite's allowed edits)",
-)
 def test_import_torch_openreg_before_torch(run_python):
     proc = run_python("import torch_openreg\nimport torch\nprint(torch.ones(1, device='openreg').device)\n")
     assert proc.returncode == 0, proc.stderr[-2000:]
