@@ -33,4 +33,8 @@ from . import amp  # noqa: E402,F401  (autocast policy for AutocastPrivateUse1)
 from . import multiprocessing as _multiprocessing  # noqa: E402
 
 _multiprocessing.install()
+
+from . import dlpack as _dlpack  # noqa: E402
+
+_dlpack.install()
 # LITERALINCLUDE END: AUTOLOAD
