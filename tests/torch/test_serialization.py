@@ -161,3 +161,16 @@ def test_load_without_the_backend_is_a_clear_error(run_python, tmp_path):
     proc = run_python(code, env={"TORCH_DEVICE_BACKEND_AUTOLOAD": "0"})
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[1.0, 1.0]"
+
+
+def test_load_on_a_missing_device_index(two_devices, run_python, tmp_path):
+    path = tmp_path / "on1.pt"
+    torch.save(torch.ones(2, device="openreg:1"), path)
+    proc = run_python(f"import torch\ntorch.load({str(path)!r})\n", env={"OPENREG_DEVICE_COUNT": "1"})
+    assert proc.returncode != 0
+    assert ("Attempting to deserialize object on OPENREG device 1 but torch.openreg.device_count() is 1"
+            in proc.stderr), proc.stderr
+    proc = run_python(f"import torch\nprint(torch.load({str(path)!r}, map_location='openreg:0').device)\n",
+                      env={"OPENREG_DEVICE_COUNT": "1"})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "openreg:0"
