@@ -26,6 +26,35 @@ DRAWS = {
 }
 
 
+# name -> function(device) drawing from the default generator (seeded with torch.manual_seed)
+SEEDED = {
+    "rand_like": lambda d: torch.rand_like(torch.empty(5, device=d)),
+    "randn_like": lambda d: torch.randn_like(torch.empty(5, device=d)),
+    "randint_like": lambda d: torch.randint_like(torch.empty(5, device=d), 10),
+    "poisson": lambda d: torch.poisson(torch.full((5,), 3.0, device=d)),
+    "trunc_normal_": lambda d: torch.nn.init.trunc_normal_(torch.empty(5, device=d)),
+    "kaiming_uniform_": lambda d: torch.nn.init.kaiming_uniform_(torch.empty(3, 5, device=d)),
+    "rrelu": lambda d: F.rrelu(-torch.ones(6, device=d), training=True),
+    "dropout2d": lambda d: F.dropout2d(torch.ones(1, 4, 2, 2, device=d)),
+    "alpha_dropout": lambda d: F.alpha_dropout(torch.ones(8, device=d), 0.5, training=True),
+    "random_": lambda d: torch.empty(5, device=d).random_(0, 100),
+    "cauchy_": lambda d: torch.empty(5, device=d).cauchy_(),
+    "geometric_": lambda d: torch.empty(5, device=d).geometric_(0.3),
+    "log_normal_": lambda d: torch.empty(5, device=d).log_normal_(),
+    "normal(Tensor, Tensor)": lambda d: torch.normal(torch.zeros(5, device=d), torch.ones(5, device=d)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SEEDED))
+def test_default_generator_ops_reproducible_and_match_cpu(name):
+    torch.manual_seed(3)
+    a = SEEDED[name]("openreg").cpu()
+    torch.manual_seed(3)
+    assert_close(SEEDED[name]("openreg").cpu(), a, rtol=0, atol=0)
+    torch.manual_seed(3)
+    assert_close(SEEDED[name]("cpu"), a, rtol=0, atol=0)
+
+
 def _dropout(device: str) -> torch.Tensor:  # dropout takes no generator: it uses the default one
     return F.dropout(torch.ones(32, device=device), p=0.4, training=True)
 
