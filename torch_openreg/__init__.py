@@ -28,8 +28,12 @@ from . import device as _device_module  # noqa: E402
 torch._register_device_module("openreg", _device_module)
 torch.utils.generate_methods_for_privateuse1_backend(for_tensor=True, for_module=True, for_storage=True)
 
-from . import aten  # noqa: E402,F401  (operator registrations)
+from . import amp, aten  # noqa: E402,F401  (autocast policy; operator registrations)
 from . import multiprocessing as _multiprocessing  # noqa: E402
 
 _multiprocessing.install()
+
+from . import dlpack as _dlpack  # noqa: E402
+
+_dlpack.install()
 # LITERALINCLUDE END: AUTOLOAD

@@ -7,7 +7,7 @@ other ATen operator's CPU kernel over device memory.
 
 import torch
 
-from . import copy, fallback
+from . import copy, fallback, random
 
 # LITERALINCLUDE START: REGISTER PYTHON KERNELS
 _aten = torch.library.Library("aten", "IMPL")
@@ -15,6 +15,7 @@ _aten.impl("_copy_from", copy.copy_from, "PrivateUse1")
 _aten.impl("_copy_from_and_resize", copy.copy_from_and_resize, "PrivateUse1")
 _aten.impl("_local_scalar_dense", copy.local_scalar_dense, "PrivateUse1")
 _aten.impl("record_stream", copy.record_stream, "PrivateUse1")
+_aten.impl("native_dropout", random.native_dropout, "PrivateUse1")
 _aten.impl("convolution_overrideable", fallback.convolution_overrideable, "PrivateUse1")
 _aten.impl("convolution_backward_overrideable", fallback.convolution_backward_overrideable, "PrivateUse1")
 

@@ -409,6 +409,8 @@ def _out_kernel(info: OpInfo, out_op, cpu_args, cpu_kwargs, names, scratch: bool
 def _copy_kernel(op, cpu_args, cpu_kwargs, targets, nreturns):
     def kernel() -> None:
         result = op(*cpu_args, **cpu_kwargs)
+        if nreturns == 0:  # an operator returning nothing (e.g. _amp_foreach_non_finite_check_and_unscale_)
+            return
         results = [result] if nreturns == 1 else list(result)
         for i, view in targets:
             if view is None:

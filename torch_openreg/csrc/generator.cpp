@@ -19,8 +19,23 @@ struct GeneratorImpl final : public c10::GeneratorImpl {
       : c10::GeneratorImpl(openreg::device(index), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1)), cpu_(std::move(cpu)) {}
 
   void set_current_seed(uint64_t seed) override { cpu_.set_current_seed(seed); }
-  void set_offset(uint64_t offset) override { cpu_.set_offset(offset); }
-  uint64_t get_offset() const override { return cpu_.get_offset(); }
+  // The state is an MT19937 state (like the CPU's), not a Philox seed and offset (like CUDA's).
+  void set_offset(uint64_t) override {
+    TORCH_CHECK(false, "openreg generators have no offset: their state is a CPU (MT19937) generator state, "
+                "not a Philox seed and offset; use get_state()/set_state() instead");
+  }
+  uint64_t get_offset() const override {
+    TORCH_CHECK(false, "openreg generators have no offset: their state is a CPU (MT19937) generator state, "
+                "not a Philox seed and offset; use get_state()/set_state() instead");
+  }
+  c10::intrusive_ptr<c10::GeneratorImpl> graphsafe_get_state() const override {
+    TORCH_CHECK(false, "openreg generators have no graph-safe state (there is no openreg graph capture); "
+                "use get_state()/set_state() instead");
+  }
+  void graphsafe_set_state(const c10::intrusive_ptr<c10::GeneratorImpl>&) override {
+    TORCH_CHECK(false, "openreg generators have no graph-safe state (there is no openreg graph capture); "
+                "use get_state()/set_state() instead");
+  }
   uint64_t current_seed() const override { return cpu_.current_seed(); }
   uint64_t seed() override { return cpu_.seed(); }
   void set_state(const c10::TensorImpl& state) override { cpu_.unsafeGetGeneratorImpl()->set_state(state); }

@@ -10,6 +10,10 @@
 namespace openreg {
 
 void register_hooks();
+void register_serialization();
+void set_backend_meta(const at::Tensor& t, int64_t format);
+std::optional<int64_t> get_backend_meta(const at::Tensor& t);
+void copy_backend_meta(const at::Tensor& src, const at::Tensor& dst);
 
 // LITERALINCLUDE START: HOST VIEW
 // A CPU tensor over the same bytes as an openreg tensor (same sizes, strides,
@@ -53,6 +57,7 @@ at::Tensor ipc_tensor(uintptr_t data, int64_t nbytes, c10::DeviceIndex index, ui
 // LITERALINCLUDE START: PYBIND MODULE
 PYBIND11_MODULE(_C, m) {
   openreg::register_hooks();
+  openreg::register_serialization();
   m.def("_host_view", &openreg::host_view, "CPU tensor aliasing an openreg tensor's device memory");
   m.def("_cpu_generator", &openreg::cpu_generator, "the CPU generator an openreg generator forwards to");
   m.def("_default_generator", [](c10::DeviceIndex index) { return openreg::default_generator(index); },
@@ -60,5 +65,8 @@ PYBIND11_MODULE(_C, m) {
   m.def("_ipc_tensor", &openreg::ipc_tensor, "uint8 openreg tensor over memory mapped from another process");
   m.def("_storage_base", [](const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.storage().data()); },
         "device pointer of a tensor's storage (what kernels name as their buffers)");
+  m.def("_set_backend_meta", &openreg::set_backend_meta, "attach openreg backend metadata (a format number)");
+  m.def("_get_backend_meta", &openreg::get_backend_meta, "the openreg backend metadata of a tensor, or None");
+  m.def("_copy_backend_meta", &openreg::copy_backend_meta, "clone src's backend metadata onto dst");
 }
 // LITERALINCLUDE END: PYBIND MODULE

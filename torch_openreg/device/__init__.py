@@ -52,7 +52,8 @@ from .streams import Event, Stream, current_stream, default_stream, set_stream, 
 
 __all__ = [
     "Event", "Stream", "current_device", "current_stream", "default_generators", "default_stream", "device",
-    "device_count", "get_device_capability", "get_device_name", "get_device_properties", "get_rng_state",
+    "device_count", "get_amp_supported_dtype", "get_device_capability", "get_device_name", "get_device_properties",
+    "get_rng_state",
     "get_rng_state_all", "init", "initial_seed", "is_available", "is_initialized", "manual_seed",
     "manual_seed_all", "seed", "seed_all", "set_device", "set_rng_state", "set_rng_state_all", "set_stream",
     "stream", "synchronize",
