@@ -161,7 +161,9 @@ def _device_of(info: OpInfo, tensors: list[torch.Tensor], kwargs: dict) -> torch
 
 def _to_meta(t: torch.Tensor) -> torch.Tensor:
     if t.device.type != "openreg":
-        return t
+        # A 0-dim CPU tensor is a scalar operand: on meta it promotes the same way, and meta kernels
+        # refuse to mix it with meta outputs (mul.out(cpu_scalar, x, out=y) would fail and go synchronous).
+        return torch.empty((), dtype=t.dtype, device="meta") if t.dim() == 0 else t
     numel = t.untyped_storage().nbytes() // t.element_size()
     return torch.empty(numel, dtype=t.dtype, device="meta").as_strided(t.size(), t.stride(), t.storage_offset())
 
