@@ -179,8 +179,11 @@ def run(quick: bool, write: bool) -> str:
                      [[n, f"{a / MB:.1f}", f"{r / MB:.1f}", f"{r / a:.2f}"] for n, a, r in mem]))
     text = "\n".join(out) + "\n"
     if write:
-        (ROOT / "docs" / "performance_results.md").write_text("# Benchmark results\n\n" + text)
         _plot(ratio_rows, ROOT / "docs" / "performance.png")
+        (ROOT / "docs" / "performance_results.md").write_text(
+            "# Benchmark results\n\nWritten by `python -m benchmarks`; see {doc}`performance`.\n\n" + text
+            + "\n![openreg / CPU ratios](performance.png)\n"
+        )
     return text
 
 
