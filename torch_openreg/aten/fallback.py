@@ -75,9 +75,9 @@ class OpInfo:
             else:
                 arg = alias_args.get(next(iter(r.alias_info.before_set)))
                 self.returns.append((INPLACE if r.alias_info.is_write else VIEW, arg))
-        # Random ops draw from the generator when they run: run them at the call, in program order
-        # with seeding and get_state/set_state on the host (as CUDA captures the Philox offset).
-        self.sync_only = not tensor_only or bool(self.generators)
+        # Random ops are queued like any other: they draw from the generator when they run, and the
+        # generator waits for queued work before the host seeds it or reads or sets its state.
+        self.sync_only = not tensor_only
         self.out_names = self._out_overload_names(op)
 
     def _out_overload_names(self, op: torch._ops.OpOverload) -> list[str] | None:
