@@ -19,6 +19,7 @@ def median_time(fn: Callable[[], object], repeat: int, number: int = 1) -> float
     return statistics.median(samples)
 
 
+# LITERALINCLUDE START: BENCH INTERLEAVED
 def interleaved(fns: dict[str, Callable[[], object]], repeat: int, number: int = 1) -> dict[str, float]:
     """Median seconds per call of each function, with the repeats of all functions interleaved."""
     for fn in fns.values():
@@ -31,6 +32,7 @@ def interleaved(fns: dict[str, Callable[[], object]], repeat: int, number: int =
                 fn()
             samples[name].append((time.perf_counter() - start) / number)
     return {name: statistics.median(s) for name, s in samples.items()}
+# LITERALINCLUDE END: BENCH INTERLEAVED
 
 
 def table(headers: list[str], rows: list[list[str]]) -> str:

@@ -62,6 +62,8 @@ def device_count() -> int:
 
 def check_device(index: int) -> int:
     """Return ``index`` if it names a device, else raise INVALID_DEVICE."""
+    if type(index) is int and 0 <= index < _COUNT:
+        return index
     if not isinstance(index, int) or isinstance(index, bool) or not 0 <= index < _COUNT:
         raise OpenRegError(
             ErrorCode.INVALID_DEVICE,

@@ -31,6 +31,8 @@ from .errors import ErrorCode, OpenRegError
 
 LAUNCH_BLOCKING = os.environ.get("OPENREG_LAUNCH_BLOCKING", "0") not in ("", "0")
 
+_CLOSE_EVERY = 256  # buffers kept open by a busy stream before they are closed anyway
+
 # Priorities follow CUDA: lower numbers are more urgent; 0 is the default.
 PRIORITY_LOW = 0
 PRIORITY_HIGH = -1
@@ -56,17 +58,22 @@ class _Queue:
         self.error: OpenRegError | None = None
         self.closed = False
         self.worker: threading.Thread | None = None
+        self.open: list = []  # allocations finished items left open (closed when the queue drains)
 
     # LITERALINCLUDE START: STREAM RUN
     def run(self, item: _Item) -> None:
-        """Execute one item with its buffers open; keep the first error for the next sync."""
+        """Execute one item with its buffers open; keep the first error for the next sync.
+
+        Closing device memory again (``mprotect``) costs as much as a small kernel on a large
+        segment, so back-to-back kernels share one opening: buffers are closed, and their frees
+        let through, when the queue drains (before the last item counts as done, so a
+        synchronized host always finds device memory closed) or every ``_CLOSE_EVERY`` items.
+        """
         started = time.perf_counter_ns()
         try:
             memory.grant(item.allocs)
-            try:
-                item.fn(*item.args)
-            finally:
-                memory.revoke(item.allocs)
+            self.open.extend(item.allocs)
+            item.fn(*item.args)
         except BaseException as exc:  # noqa: BLE001 - any kernel failure becomes a device fault
             if self.error is None:
                 error = OpenRegError(
@@ -76,13 +83,18 @@ class _Queue:
                 error.__cause__ = exc
                 self.error = error
         finally:
-            memory.release(item.allocs)
             for observer in _observers:
                 try:
                     observer(item.name, self.device, self.id, started, time.perf_counter_ns())
                 except Exception:  # noqa: BLE001 - a broken observer must not wedge the stream
                     print(f"openreg: launch observer {observer!r} failed after {item.name}:", file=sys.stderr)
                     traceback.print_exc()
+        with self.cond:
+            drained = not self.items
+        if drained or len(self.open) > _CLOSE_EVERY:
+            opened, self.open = self.open, []
+            memory.revoke(opened)
+            memory.release(opened)
         with self.cond:
             self.busy = False
             self.done = item.seq

@@ -166,6 +166,12 @@ def event_elapsed(start: openreg.Event, end: openreg.Event) -> float:
 # LITERALINCLUDE END: BRIDGE EVENTS
 
 
+def generator_sync(device: int) -> None:
+    """Before the host reads or writes a generator's state: let queued random kernels draw first."""
+    if not openreg.device.forked():
+        openreg.synchronize(device)
+
+
 def copy_device_to_device(dst: int, src: int, nbytes: int, device: int) -> None:
     """Stream-ordered device copy on the current stream (used when a storage grows)."""
     openreg.memcpy_async(dst, src, nbytes, openreg.MemcpyKind.DEVICE_TO_DEVICE, openreg.current_stream(device))

@@ -297,3 +297,23 @@ def test_fork_rng_on_openreg():
         inside = torch.randn(4, device="openreg").cpu()
     after = torch.randn(4, device="openreg").cpu()
     assert torch.equal(inside, after)  # fork_rng restored the openreg state
+
+
+def test_cuda_style_helpers():
+    import openreg
+
+    x = torch.ones(2, device="openreg:1") if torch.openreg.device_count() > 1 else torch.ones(2, device="openreg")
+    with torch.openreg.device_of(x):
+        assert torch.openreg.current_device() == x.get_device()
+    assert torch.openreg.current_device() == 0
+    assert torch.openreg.is_bf16_supported()
+    runtime_stream = openreg.Stream(0)  # created outside PyTorch
+    external = torch.openreg.ExternalStream(runtime_stream.id)
+    assert external.stream_id == runtime_stream.id and external.device_index == 0
+    with torch.openreg.StreamContext(external):
+        assert torch.openreg.current_stream().stream_id == runtime_stream.id
+        y = torch.arange(4.0, device="openreg") * 2
+    external.synchronize()
+    torch.testing.assert_close(y.cpu(), torch.arange(4.0) * 2)
+    with pytest.raises(RuntimeError, match="no live stream"):
+        torch.openreg.ExternalStream(10**9)

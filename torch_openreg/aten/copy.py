@@ -23,7 +23,7 @@ def _copy_into(dst_view: torch.Tensor, src: torch.Tensor) -> None:
 # LITERALINCLUDE START: COPY FROM
 def copy_from(src: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
     """``aten::_copy_from``: copy ``src`` into ``dst`` where either side is openreg."""
-    if src.device.type == "openreg" and dst.device.type == "openreg":
+    if src.get_device() >= 0 and dst.get_device() >= 0:
         if src.device != dst.device:
             # Peer copy: run on the destination's stream after the source's pending work.
             event = openreg.Event()
@@ -31,7 +31,7 @@ def copy_from(src: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False) 
             openreg.current_stream(dst.device.index).wait_event(event)
         launch(dst.device.index, _copy_into, host_view(dst), host_view(src), tensors=(dst, src), name="copy_d2d")
         return dst
-    if dst.device.type == "openreg":  # host to device
+    if dst.get_device() >= 0:  # host to device
         device, tensors, args, host = dst.device.index, (dst,), (host_view(dst), src), src
     else:  # device to host
         device, tensors, args, host = src.device.index, (src,), (dst, host_view(src)), dst

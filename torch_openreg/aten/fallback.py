@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+import openreg
 from torch_openreg import _C
 
 from .launch import host_view, launch, run_sync
@@ -74,9 +75,9 @@ class OpInfo:
             else:
                 arg = alias_args.get(next(iter(r.alias_info.before_set)))
                 self.returns.append((INPLACE if r.alias_info.is_write else VIEW, arg))
-        # Random ops draw from the generator when they run: run them at the call, in program order
-        # with seeding and get_state/set_state on the host (as CUDA captures the Philox offset).
-        self.sync_only = not tensor_only or bool(self.generators)
+        # Random ops are queued like any other: they draw from the generator when they run, and the
+        # generator waits for queued work before the host seeds it or reads or sets its state.
+        self.sync_only = not tensor_only
         self.out_names = self._out_overload_names(op)
 
     def _out_overload_names(self, op: torch._ops.OpOverload) -> list[str] | None:
@@ -130,38 +131,48 @@ def _tensors(args: tuple, kwargs: dict) -> list[torch.Tensor]:
 
 # LITERALINCLUDE START: DEVICE CHECK
 def _device_of(info: OpInfo, tensors: list[torch.Tensor], kwargs: dict) -> torch.device:
-    """The one openreg device of the call; mixed devices are the user's error, reported like CUDA's."""
-    device = None
+    """The one openreg device of the call; mixed devices are the user's error, reported like CUDA's.
+
+    ``get_device()`` is the cheap test (openreg is this process's only accelerator): it is -1 for
+    CPU and meta tensors and the index for openreg ones.
+    """
+    index = -1
     for t in tensors:
-        if t.device.type == "openreg":
-            if device is None:
-                device = t.device
-            elif t.device != device:
+        i = t.get_device()
+        if i >= 0:
+            if index < 0:
+                index = i
+            elif i != index:
                 raise RuntimeError(
                     f"Expected all tensors to be on the same device, but found at least two devices, "
-                    f"{device} and {t.device}! (in {info.name})"
+                    f"openreg:{index} and openreg:{i}! (in {info.name})"
                 )
-    for t in tensors:
-        cpu_ok = t.device.type == "cpu" and (t.dim() == 0 or info.name in CPU_INDICES_OK)
-        if t.device.type != "openreg" and not cpu_ok:
+        elif not (t.is_cpu and (t.dim() == 0 or info.name in CPU_INDICES_OK)):
             raise RuntimeError(
                 f"Expected all tensors to be on the same device, but found at least two devices, "
-                f"{device or 'openreg'} and {t.device}! (in {info.name}; only 0-dim CPU tensors mix with openreg)"
+                f"{'openreg' if index < 0 else f'openreg:{index}'} and {t.device}! "
+                f"(in {info.name}; only 0-dim CPU tensors mix with openreg)"
             )
-    if device is None:
-        requested = kwargs.get("device")
-        if requested is None:
-            raise RuntimeError(f"{info.name}: no openreg tensor or device in the call")
-        device = torch.device(requested)
-        if device.index is None:
-            device = torch.device("openreg", torch.openreg.current_device())
+    if index >= 0:
+        return _DEVICES[index]
+    requested = kwargs.get("device")
+    if requested is None:
+        raise RuntimeError(f"{info.name}: no openreg tensor or device in the call")
+    device = torch.device(requested)
+    if device.index is None:
+        device = torch.device("openreg", torch.openreg.current_device())
     return device
+
+
+_DEVICES = [torch.device("openreg", i) for i in range(openreg.device_count())]
 # LITERALINCLUDE END: DEVICE CHECK
 
 
 def _to_meta(t: torch.Tensor) -> torch.Tensor:
-    if t.device.type != "openreg":
-        return t
+    if t.get_device() < 0:
+        # A 0-dim CPU tensor is a scalar operand: on meta it promotes the same way, and meta kernels
+        # refuse to mix it with meta outputs (mul.out(cpu_scalar, x, out=y) would fail and go synchronous).
+        return torch.empty((), dtype=t.dtype, device="meta") if t.dim() == 0 else t
     numel = t.untyped_storage().nbytes() // t.element_size()
     return torch.empty(numel, dtype=t.dtype, device="meta").as_strided(t.size(), t.stride(), t.storage_offset())
 
@@ -208,7 +219,7 @@ _meta_cache: dict[tuple, Any] = {}
 def _key_of(value: Any) -> Any:
     """A hashable description of an argument as far as output metadata can depend on it."""
     if isinstance(value, torch.Tensor):
-        if value.device.type == "openreg":
+        if value.get_device() >= 0:
             return (value.dtype, value.shape, value.stride(), value.storage_offset(), value.untyped_storage().nbytes())
         return (value.device, value.dtype, value.shape, value.stride())  # CPU scalars and indices
     if isinstance(value, (list, tuple)):
@@ -361,12 +372,12 @@ def _run_async(op, info: OpInfo, args, kwargs, tensors, device: torch.device, me
 
 
 def host_view_or_self(t: torch.Tensor) -> torch.Tensor:
-    return host_view(t) if t.device.type == "openreg" else t
+    return host_view(t) if t.get_device() >= 0 else t
 
 
 def _host_view_or_snapshot(t: torch.Tensor) -> torch.Tensor:
     """For a queued kernel: CPU scalars and indices are read now, as CUDA copies them at the call."""
-    return host_view(t) if t.device.type == "openreg" else t.clone()
+    return host_view(t) if t.get_device() >= 0 else t.clone()
 # LITERALINCLUDE END: RUN ASYNC
 
 

@@ -73,7 +73,7 @@ class _Kernel:
 def launch(device: int, fn: Callable[..., Any], *args: Any, tensors: tuple | list, name: str) -> tuple:
     """Queue ``fn(*args)`` on ``device``'s current stream; returns ``(stream, seq)``."""
     stream = openreg.current_stream(device)
-    buffers = [storage_ptr(t) for t in tensors if t.device.type == "openreg"]  # CPU scalars/indices: host memory
+    buffers = [storage_ptr(t) for t in tensors if t.get_device() >= 0]  # CPU scalars/indices: host memory
     return stream, stream.launch(_Kernel(fn, args), buffers=buffers, name=name)
 
 

@@ -1,6 +1,11 @@
 // The openreg generator: a GeneratorImpl on the openreg device whose state is a
-// CPU Philox-free MT19937 generator, so that the CPU kernels run by the fallback
-// draw from it directly and openreg random numbers match the CPU's for a seed.
+// CPU (MT19937) generator, so that the CPU kernels run by the fallback draw from
+// it directly and openreg random numbers match the CPU's for a seed.
+//
+// Random kernels are asynchronous and draw when they run; every host access to
+// the state (seeding, get/set state, clone) therefore first waits for the
+// device's queued work, so it sees the state in program order, as CUDA's
+// launch-time Philox offsets give it.
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/core/Generator.h>
 
@@ -18,7 +23,11 @@ struct GeneratorImpl final : public c10::GeneratorImpl {
   explicit GeneratorImpl(c10::DeviceIndex index, at::Generator cpu = at::detail::createCPUGenerator())
       : c10::GeneratorImpl(openreg::device(index), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1)), cpu_(std::move(cpu)) {}
 
-  void set_current_seed(uint64_t seed) override { cpu_.set_current_seed(seed); }
+  void drain() const { call("generator_sync", device().index()); }
+  void set_current_seed(uint64_t seed) override {
+    drain();
+    cpu_.set_current_seed(seed);
+  }
   // The state is an MT19937 state (like the CPU's), not a Philox seed and offset (like CUDA's).
   void set_offset(uint64_t) override {
     TORCH_CHECK(false, "openreg generators have no offset: their state is a CPU (MT19937) generator state, "
@@ -37,12 +46,22 @@ struct GeneratorImpl final : public c10::GeneratorImpl {
                 "use get_state()/set_state() instead");
   }
   uint64_t current_seed() const override { return cpu_.current_seed(); }
-  uint64_t seed() override { return cpu_.seed(); }
-  void set_state(const c10::TensorImpl& state) override { cpu_.unsafeGetGeneratorImpl()->set_state(state); }
+  uint64_t seed() override {
+    drain();
+    return cpu_.seed();
+  }
+  void set_state(const c10::TensorImpl& state) override {
+    drain();
+    cpu_.unsafeGetGeneratorImpl()->set_state(state);
+  }
   c10::intrusive_ptr<c10::TensorImpl> get_state() const override {
+    drain();
     return cpu_.unsafeGetGeneratorImpl()->get_state();
   }
-  GeneratorImpl* clone_impl() const override { return new GeneratorImpl(device().index(), cpu_.clone()); }
+  GeneratorImpl* clone_impl() const override {
+    drain();
+    return new GeneratorImpl(device().index(), cpu_.clone());
+  }
 
   at::Generator cpu_;
 };

@@ -48,9 +48,19 @@ from .random import (
     set_rng_state,
     set_rng_state_all,
 )
-from .streams import Event, Stream, current_stream, default_stream, set_stream, stream
+from .streams import (
+    Event,
+    ExternalStream,
+    Stream,
+    StreamContext,
+    current_stream,
+    default_stream,
+    set_stream,
+    stream,
+)
 
 __all__ = [
+    "ExternalStream", "StreamContext", "device_of", "is_bf16_supported",
     "Event", "Stream", "current_device", "current_stream", "default_generators", "default_stream", "device",
     "device_count", "get_amp_supported_dtype", "get_device_capability", "get_device_name", "get_device_properties",
     "get_rng_state",
@@ -233,3 +243,16 @@ def get_amp_supported_dtype() -> list[torch.dtype]:
 
 def _get_device_index(device: Any = None, optional: bool = False) -> int:
     return _index(device)
+
+
+class device_of(device):
+    """Context manager that makes the device of ``obj`` (a tensor or storage) current, if it is openreg."""
+
+    def __init__(self, obj: Any) -> None:
+        idx = obj.get_device() if getattr(obj, "device", None) is not None and obj.device.type == "openreg" else -1
+        super().__init__(idx if idx >= 0 else None)
+
+
+def is_bf16_supported(including_emulation: bool = True) -> bool:
+    """bfloat16 works on openreg (its kernels are the CPU's)."""
+    return True

@@ -85,3 +85,21 @@ class stream:
             set_stream(self.prev)
             torch._C._accelerator_exchangeDevice(self.prev_device)
 # LITERALINCLUDE END: CURRENT STREAM
+
+
+StreamContext = stream  # torch.cuda's name for the same context manager
+
+
+def ExternalStream(stream_id: int, device: Any = None) -> torch.Stream:  # noqa: N802 - torch.cuda's class name
+    """A ``torch.Stream`` for a stream created directly with the runtime (``openreg.Stream``).
+
+    Like ``torch.cuda.ExternalStream``, PyTorch does not own it: the runtime stream object must stay
+    alive while PyTorch uses it.
+    """
+    import openreg
+
+    from . import _index
+
+    index = _index(device)
+    openreg.get_stream(index, stream_id)  # raises INVALID_HANDLE for an unknown stream
+    return torch.Stream(stream_id=stream_id, device_index=index, device_type=current_stream(index).device_type)

@@ -92,12 +92,8 @@ class DeviceCachingAllocator:
                 self._split(block, rounded)
             block.allocated, block.requested = True, size
             self.active[block.ptr] = block
-            st = self.stats
-            st.add("allocation", pool, 1)
-            st.add("allocated_bytes", pool, block.size)
-            st.add("active", pool, 1)
-            st.add("active_bytes", pool, block.size)
-            st.add("requested_bytes", pool, size)
+            self.stats.update(pool, ("allocation", 1), ("allocated_bytes", block.size), ("active", 1),
+                              ("active_bytes", block.size), ("requested_bytes", size))
             return block.ptr
 
     def free(self, ptr: int) -> None:
@@ -105,9 +101,8 @@ class DeviceCachingAllocator:
         with self.lock:
             block = self.active.pop(ptr)
             block.allocated = False
-            self.stats.add("allocation", block.pool, -1)
-            self.stats.add("allocated_bytes", block.pool, -block.size)
-            self.stats.add("requested_bytes", block.pool, -block.requested)
+            self.stats.update(block.pool, ("allocation", -1), ("allocated_bytes", -block.size),
+                              ("requested_bytes", -block.requested))
             if block.streams:
                 events = []
                 for stream in block.streams:
@@ -137,8 +132,7 @@ class DeviceCachingAllocator:
                     del self.segments[base]
                     openreg.free(base)
                     self.stats.counters["num_device_free"] += 1
-                    self.stats.add("segment", head.pool, -1)
-                    self.stats.add("reserved_bytes", head.pool, -head.size)
+                    self.stats.update(head.pool, ("segment", -1), ("reserved_bytes", -head.size))
                     if head.pool == LARGE and head.size > LARGE_SEGMENT:
                         self.stats.oversize_segments.add(-1)
 
@@ -159,8 +153,7 @@ class DeviceCachingAllocator:
         self.free_blocks[block.ptr] = block
         if block.is_split:
             block.split_counted = True
-            self.stats.add("inactive_split", block.pool, 1)
-            self.stats.add("inactive_split_bytes", block.pool, block.size)
+            self.stats.update(block.pool, ("inactive_split", 1), ("inactive_split_bytes", block.size))
 
     def _remove_free(self, block: Block) -> None:
         entries = self.free_lists[(block.pool, block.stream)]
@@ -168,8 +161,7 @@ class DeviceCachingAllocator:
         del self.free_blocks[block.ptr]
         if block.split_counted:
             block.split_counted = False
-            self.stats.add("inactive_split", block.pool, -1)
-            self.stats.add("inactive_split_bytes", block.pool, -block.size)
+            self.stats.update(block.pool, ("inactive_split", -1), ("inactive_split_bytes", -block.size))
 
     def _split(self, block: Block, size: int) -> None:
         rest = Block(block.ptr + size, block.size - size, block.stream, block.pool)
@@ -181,8 +173,7 @@ class DeviceCachingAllocator:
 
     def _release(self, block: Block) -> None:
         """A block nobody uses any more: merge it with free neighbours and pool it."""
-        self.stats.add("active", block.pool, -1)
-        self.stats.add("active_bytes", block.pool, -block.size)
+        self.stats.update(block.pool, ("active", -1), ("active_bytes", -block.size))
         for neighbour in (block.prev, block.next):
             if neighbour is not None and neighbour.ptr in self.free_blocks:
                 self._remove_free(neighbour)
@@ -229,8 +220,7 @@ class DeviceCachingAllocator:
                 self.stats.counters["num_ooms"] += 1
                 raise OpenRegError(ErrorCode.OUT_OF_MEMORY, self._oom_message(requested, size)) from None
         self.stats.counters["num_device_alloc"] += 1
-        self.stats.add("segment", pool, 1)
-        self.stats.add("reserved_bytes", pool, size)
+        self.stats.update(pool, ("segment", 1), ("reserved_bytes", size))
         if pool == LARGE and size > LARGE_SEGMENT:
             self.stats.oversize_segments.add(1)
         head = Block(ptr, size, stream, pool)

@@ -52,6 +52,21 @@ class Stats:
         stats[ALL].add(amount)
         stats[pool].add(amount)
 
+    def update(self, pool: int, *changes: tuple[str, int]) -> None:
+        """Apply several ``(name, amount)`` changes at once (the allocator's hot path: no per-stat calls)."""
+        arrays = self.arrays
+        for name, amount in changes:
+            array = arrays[name]
+            for s in (array[ALL], array[pool]):
+                current = s.current + amount
+                s.current = current
+                if amount >= 0:
+                    s.allocated += amount
+                    if current > s.peak:
+                        s.peak = current
+                else:
+                    s.freed -= amount
+
     def reset_peak(self) -> None:
         for stats in self.arrays.values():
             for s in stats:

@@ -1,0 +1,5 @@
+"""``python -m benchmarks``: the whole suite (see benchmarks/suite.py)."""
+
+from .suite import main
+
+main()
