@@ -19,6 +19,7 @@ device_count = openreg.device_count
 get_device = openreg.get_device
 set_device = openreg.set_device
 exchange_device = openreg.exchange_device
+check_device = openreg.device.check_device
 
 _POOL_SIZE = 4  # streams per priority per device (CUDA keeps 32; worker threads start lazily)
 _pools: dict[tuple[int, bool], list[openreg.Stream]] = {}

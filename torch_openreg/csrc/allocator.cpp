@@ -9,6 +9,10 @@
 #include <c10/core/CPUAllocator.h>
 #include <pybind11/stl.h>
 
+#include <memory>
+#include <mutex>
+#include <vector>
+
 #include "bridge.h"
 
 namespace openreg {
@@ -34,16 +38,21 @@ void fill(cda::StatArray& array, const py::dict& pools) {
 }
 
 // LITERALINCLUDE START: DEVICE ALLOCATOR
+// One instance allocates on the current device (the one registered for
+// PrivateUse1); one per device allocates there directly, so that factories
+// need no device guard (two runtime calls fewer per tensor).
 struct DeviceAllocator final : public c10::DeviceAllocator {
+  explicit DeviceAllocator(c10::DeviceIndex fixed = -1) : fixed_(fixed) {}
+  c10::DeviceIndex index() const { return fixed_ >= 0 ? fixed_ : call<c10::DeviceIndex>("get_device"); }
   c10::DataPtr allocate(size_t nbytes) override {
-    auto index = call<c10::DeviceIndex>("get_device");
-    void* ptr = nbytes ? reinterpret_cast<void*>(call<uintptr_t>("malloc", nbytes, index)) : nullptr;
-    return {ptr, ptr, &free_device, device(index)};
+    auto where = index();
+    void* ptr = nbytes ? reinterpret_cast<void*>(call<uintptr_t>("malloc", nbytes, where)) : nullptr;
+    return {ptr, ptr, &free_device, device(where)};
   }
   c10::DeleterFnPtr raw_deleter() const override { return &free_device; }
   void copy_data(void* dst, const void* src, std::size_t count) const override {
     call("copy_device_to_device", reinterpret_cast<uintptr_t>(dst), reinterpret_cast<uintptr_t>(src), count,
-         call<c10::DeviceIndex>("get_device"));
+         index());
   }
 
   bool initialized() override { return true; }
@@ -78,6 +87,9 @@ struct DeviceAllocator final : public c10::DeviceAllocator {
   std::pair<size_t, size_t> getMemoryInfo(c10::DeviceIndex index) override {
     return call<std::pair<size_t, size_t>>("mem_get_info", index);
   }
+
+ private:
+  c10::DeviceIndex fixed_;
 };
 // LITERALINCLUDE END: DEVICE ALLOCATOR
 
@@ -118,6 +130,20 @@ HostAllocator g_host_allocator;
 } // namespace
 
 c10::Allocator* device_allocator() { return &g_device_allocator; }
+
+c10::Allocator* device_allocator(c10::DeviceIndex index) {
+  static std::once_flag once;
+  static std::vector<std::unique_ptr<DeviceAllocator>> per_device;
+  std::call_once(once, [] {
+    auto count = call<c10::DeviceIndex>("device_count");
+    for (c10::DeviceIndex i = 0; i < count; ++i) per_device.push_back(std::make_unique<DeviceAllocator>(i));
+  });
+  if (index == -1) return &g_device_allocator;
+  if (index < 0 || index >= static_cast<c10::DeviceIndex>(per_device.size())) {
+    call("check_device", index); // raises the runtime's INVALID_DEVICE error
+  }
+  return per_device[index].get();
+}
 c10::Allocator* host_allocator() { return &g_host_allocator; }
 
 // LITERALINCLUDE START: REGISTER ALLOCATOR

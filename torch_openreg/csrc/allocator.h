@@ -7,6 +7,8 @@ namespace openreg {
 
 // The device allocator registered for PrivateUse1 (allocates on the current device).
 c10::Allocator* device_allocator();
+// The allocator that allocates on device ``index`` (-1: the current device).
+c10::Allocator* device_allocator(c10::DeviceIndex index);
 // The pinned host allocator returned by the hooks' getPinnedMemoryAllocator.
 c10::Allocator* host_allocator();
 // The per-device default generators.

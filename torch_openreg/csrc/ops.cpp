@@ -27,15 +27,15 @@ c10::Device checked(std::optional<c10::Device> device, std::optional<bool> pin_m
 at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<c10::ScalarType> dtype,
                                std::optional<c10::Layout> layout, std::optional<c10::Device> device,
                                std::optional<bool> pin_memory, std::optional<c10::MemoryFormat> memory_format) {
-  c10::DeviceGuard guard(checked(device, pin_memory)); // validates the index, selects the device
-  return at::detail::empty_generic(size, device_allocator(), kKeys, c10::dtype_or_default(dtype), memory_format);
+  auto* allocator = device_allocator(checked(device, pin_memory).index()); // validates the index
+  return at::detail::empty_generic(size, allocator, kKeys, c10::dtype_or_default(dtype), memory_format);
 }
 
 at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride, std::optional<c10::ScalarType> dtype,
                          std::optional<c10::Layout> layout, std::optional<c10::Device> device,
                          std::optional<bool> pin_memory) {
-  c10::DeviceGuard guard(checked(device, pin_memory));
-  return at::detail::empty_strided_generic(size, stride, device_allocator(), kKeys, c10::dtype_or_default(dtype));
+  auto* allocator = device_allocator(checked(device, pin_memory).index());
+  return at::detail::empty_strided_generic(size, stride, allocator, kKeys, c10::dtype_or_default(dtype));
 }
 // LITERALINCLUDE END: FACTORY KERNELS
 

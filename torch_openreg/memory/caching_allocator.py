@@ -92,6 +92,7 @@ class DeviceCachingAllocator:
                 self._split(block, rounded)
             block.allocated, block.requested = True, size
             self.active[block.ptr] = block
+            _owners[block.ptr] = self
             self.stats.update(pool, ("allocation", 1), ("allocated_bytes", block.size), ("active", 1),
                               ("active_bytes", block.size), ("requested_bytes", size))
             return block.ptr
@@ -100,6 +101,7 @@ class DeviceCachingAllocator:
         """Return a block to its pool (after other streams that used it are done)."""
         with self.lock:
             block = self.active.pop(ptr)
+            del _owners[ptr]
             block.allocated = False
             self.stats.update(block.pool, ("allocation", -1), ("allocated_bytes", -block.size),
                               ("requested_bytes", -block.requested))
@@ -301,6 +303,10 @@ def allocator(device: int) -> DeviceCachingAllocator:
     return _allocators[openreg.device.check_device(device)]
 
 
+_owners: dict[int, DeviceCachingAllocator] = {}  # block pointer -> the allocator that handed it out
+
+
 def owner(ptr: int) -> DeviceCachingAllocator:
-    """The allocator that handed out ``ptr``."""
-    return _allocators[openreg.pointer_attributes(ptr).device]
+    """The allocator that handed out the block at ``ptr``."""
+    found = _owners.get(ptr)
+    return found if found is not None else _allocators[openreg.pointer_attributes(ptr).device]
