@@ -409,7 +409,7 @@ def _out_kernel(info: OpInfo, out_op, cpu_args, cpu_kwargs, names, scratch: bool
 def _copy_kernel(op, cpu_args, cpu_kwargs, targets, nreturns):
     def kernel() -> None:
         result = op(*cpu_args, **cpu_kwargs)
-        results = [result] if nreturns == 1 else list(result)
+        results = [result] if nreturns == 1 else list(result or ())  # no returns: in-place list ops (_fused_adam_)
         for i, view in targets:
             if view is None:
                 continue

@@ -4,7 +4,9 @@
 // memory at the call: they hand the runtime a closure over host views, queued on
 // the current stream like every Python kernel (torch_openreg/aten/launch.py).
 #include <ATen/TensorIterator.h>
+#include <ATen/SDPBackend.h>
 #include <ATen/native/UnaryOps.h>
+#include <ATen/native/transformers/attention.h>
 #include <ATen/ops/_empty_affine_quantized_native.h>
 #include <ATen/ops/abs.h>
 #include <ATen/ops/abs_native.h>
@@ -83,6 +85,17 @@ void abs_kernel(at::TensorIteratorBase& iter) {
 }
 // LITERALINCLUDE END: ABS STUB
 
+// LITERALINCLUDE START: SDP CHOICE
+// scaled_dot_product_attention asks this stub (not the _fused_sdp_choice
+// operator) which backend to use for a PrivateUse1 query: the "overrideable"
+// one, i.e. aten::_scaled_dot_product_fused_attention_overrideable, whose
+// kernels are Python (torch_openreg/aten/sdpa.py).
+int64_t fused_sdp_choice(const at::Tensor&, const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
+                         double, bool, std::optional<double>, bool) {
+  return static_cast<int64_t>(at::SDPBackend::overrideable);
+}
+// LITERALINCLUDE END: SDP CHOICE
+
 } // namespace
 
 } // namespace openreg
@@ -90,6 +103,7 @@ void abs_kernel(at::TensorIteratorBase& iter) {
 // LITERALINCLUDE START: REGISTER STUB
 namespace at::native { // the stub registration macro expects ATen's namespace
 REGISTER_PRIVATEUSE1_DISPATCH(abs_stub, &openreg::abs_kernel)
+REGISTER_PRIVATEUSE1_DISPATCH(_fused_sdp_choice_stub, &openreg::fused_sdp_choice)
 }
 
 namespace openreg {
