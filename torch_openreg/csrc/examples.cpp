@@ -56,13 +56,12 @@ namespace {
 // LITERALINCLUDE START: CPP KERNEL
 // aten::fill_.Scalar with its own C++ kernel: validate at the call (as a
 // device kernel's host side does), then queue the CPU fill over the host view.
+// The closure holds host views (raw pointers), not the tensors, as a CUDA kernel
+// holds pointers: a tensor freed before the kernel runs returns its block to the
+// caching allocator on this stream, and later work on the stream is ordered after.
 at::Tensor& fill_scalar(at::Tensor& self, const at::Scalar& value) {
   if (self.numel() == 0) return self;
-  at::Tensor target = self; // keeps the storage alive until the kernel has run
-  launch(self.device().index(), [target, value]() {
-    at::Tensor view = host_view(target);
-    at::fill_(view, value);
-  }, {self},
+  launch(self.device().index(), [view = host_view(self), value]() mutable { at::fill_(view, value); }, {self},
          "fill_ (C++ kernel)");
   return self;
 }
@@ -74,14 +73,12 @@ at::Tensor& fill_scalar(at::Tensor& self, const at::Scalar& value) {
 // device type; this is the PrivateUse1 entry of the stub. The iterator's
 // operands are openreg tensors (an out= slice stays a strided view of its base).
 void abs_kernel(at::TensorIteratorBase& iter) {
-  at::Tensor out = iter.output(0);
-  at::Tensor in = iter.input(0);
+  const at::Tensor& out = iter.output(0);
+  const at::Tensor& in = iter.input(0);
   if (out.numel() == 0) return;
-  launch(out.device().index(), [out, in]() {
-    at::Tensor view = host_view(out);
-    at::abs_out(view, host_view(in));
-  }, {out, in},
-         "abs (abs_stub)");
+  launch(out.device().index(), [out_view = host_view(out), in_view = host_view(in)]() mutable {
+    at::abs_out(out_view, in_view);
+  }, {out, in}, "abs (abs_stub)");
 }
 // LITERALINCLUDE END: ABS STUB
 
