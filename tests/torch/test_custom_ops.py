@@ -22,6 +22,8 @@ def test_custom_op_forward_backward(launches):
     torch.testing.assert_close(yd.grad.cpu(), 3 * x)
     assert any(name == "openreg::scaled_mul" for name, _, _ in launches)
     torch.testing.assert_close(torch.ops.openreg.scaled_mul(x, y, 3.0), 3 * x * y)  # the CPU kernel
+    with pytest.raises(RuntimeError, match="same shape"):  # checked at the call, not in the kernel
+        torch.ops.openreg.scaled_mul(xd, yd[:2], 3.0)
 
 
 def test_library_op_forward_backward():

@@ -55,3 +55,10 @@ def test_quantize_strided_input_and_views():
 def test_empty_affine_quantized_factory():
     q = torch._empty_affine_quantized([2, 3], scale=0.5, zero_point=1, dtype=torch.qint8, device=DEV)
     assert q.shape == (2, 3) and q.device.type == DEV and q.untyped_storage().nbytes() == 6
+
+
+def test_quantize_checks_at_the_call():
+    with pytest.raises(RuntimeError, match="floating point"):
+        torch.quantize_per_tensor(torch.ones(2, dtype=torch.int64, device=DEV), 0.1, 0, torch.qint8)
+    with pytest.raises(RuntimeError, match="unsupported dtype"):
+        torch.quantize_per_tensor(torch.ones(2, device=DEV), 0.1, 0, torch.float32)

@@ -55,6 +55,15 @@ def test_cpp_kernel_fill(launches):
     assert torch.equal(torch.zeros(2, 2, dtype=torch.int32, device=DEV).cpu(), torch.zeros(2, 2, dtype=torch.int32))
 
 
+def test_cpp_kernel_checks_at_the_call():
+    with pytest.raises(RuntimeError, match="overflow"):
+        torch.zeros(2, dtype=torch.int8).fill_(1000)  # the CPU's error ...
+    t = torch.zeros(2, dtype=torch.int8, device=DEV)
+    with pytest.raises(RuntimeError, match="overflow"):
+        t.fill_(1000)  # ... raised at the call on openreg too, not as a later kernel fault
+    assert torch.equal(t.cpu(), torch.zeros(2, dtype=torch.int8))
+
+
 def test_cpp_kernel_fill_bool():
     t = torch.empty(2, dtype=torch.bool, device=DEV)
     t.fill_(True)

@@ -18,6 +18,7 @@ from .launch import host_view, launch
 @torch.library.custom_op("openreg::scaled_mul", mutates_args=(), device_types="openreg")
 def scaled_mul(x: torch.Tensor, y: torch.Tensor, alpha: float) -> torch.Tensor:
     """``alpha * x * y`` for same-shaped tensors (the openreg kernel: a launch over host views)."""
+    torch._check(x.shape == y.shape, lambda: "scaled_mul: x and y must have the same shape")  # at the call
     out = torch.empty_like(x)
     launch(x.device.index, _scaled_mul_kernel, host_view(out), host_view(x), host_view(y), alpha,
            tensors=(out, x, y), name="openreg::scaled_mul")

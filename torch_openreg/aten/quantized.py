@@ -25,6 +25,8 @@ def _ints(q: torch.Tensor) -> torch.Tensor:
 
 def quantize_per_tensor(x: torch.Tensor, scale: float, zero_point: int, dtype: torch.dtype) -> torch.Tensor:
     """``aten::quantize_per_tensor`` (PrivateUse1): a quantized openreg tensor, filled by a launch."""
+    if not x.is_floating_point():
+        raise RuntimeError(f"quantize_per_tensor: expected a floating point input, got {x.dtype}")
     if dtype not in _INT:
         raise RuntimeError(f"quantize_per_tensor: unsupported dtype {dtype} on openreg")
     q = torch._empty_affine_quantized(x.shape, scale=scale, zero_point=zero_point, dtype=dtype, device=x.device)

@@ -10,6 +10,7 @@
 #include <ATen/ops/_empty_affine_quantized_native.h>
 #include <ATen/ops/abs.h>
 #include <ATen/ops/abs_native.h>
+#include <ATen/ops/empty.h>
 #include <ATen/ops/fill.h>
 #include <ATen/ops/from_blob.h>
 #include <ATen/ops/q_scale_native.h>
@@ -60,6 +61,10 @@ namespace {
 // holds pointers: a tensor freed before the kernel runs returns its block to the
 // caching allocator on this stream, and later work on the stream is ordered after.
 at::Tensor& fill_scalar(at::Tensor& self, const at::Scalar& value) {
+  // The checks the CPU kernel would make (a value that overflows the dtype), at the call:
+  // a fill of one host element, so that the kernel itself cannot fail later.
+  at::Tensor probe = at::empty({}, self.options().device(c10::kCPU));
+  at::fill_(probe, value);
   if (self.numel() == 0) return self;
   launch(self.device().index(), [view = host_view(self), value]() mutable { at::fill_(view, value); }, {self},
          "fill_ (C++ kernel)");
