@@ -107,3 +107,35 @@ def test_dropout_grads_match_cpu_math_with_same_mask():
     out.backward(grad.to(DEV))
     for a, b in zip(cpu, dev):
         torch.testing.assert_close(b.grad.cpu(), a.grad, rtol=1e-4, atol=1e-5)
+
+
+def test_grouped_query_attention_takes_the_math_backend(launches):
+    g = torch.Generator().manual_seed(3)
+    q, k, v = torch.randn(1, 4, 5, 8, generator=g), torch.randn(1, 2, 6, 8, generator=g), torch.randn(
+        1, 2, 6, 8, generator=g)
+    dev = [t.to(DEV).requires_grad_() for t in (q, k, v)]
+    cpu = [t.clone().requires_grad_() for t in (q, k, v)]
+    assert torch._fused_sdp_choice(*dev, enable_gqa=True) == 0  # SDPBackend::math
+    expected = F.scaled_dot_product_attention(*cpu, enable_gqa=True)
+    got = F.scaled_dot_product_attention(*dev, enable_gqa=True)
+    torch.testing.assert_close(got.cpu(), expected, rtol=1e-5, atol=1e-5)
+    expected.sum().backward()
+    got.sum().backward()
+    for a, b in zip(cpu, dev):
+        torch.testing.assert_close(b.grad.cpu(), a.grad, rtol=1e-4, atol=1e-5)
+    assert "sdpa_overrideable" not in {name for name, _, _ in launches}
+
+
+def test_fully_masked_row_and_half_precision():
+    q, k, v = _inputs()
+    mask = torch.ones(5, 7, dtype=torch.bool)
+    mask[2] = False  # one query sees no key
+    expected = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    got = F.scaled_dot_product_attention(q.to(DEV), k.to(DEV), v.to(DEV), attn_mask=mask.to(DEV))
+    torch.testing.assert_close(got.cpu(), expected, rtol=1e-5, atol=1e-5)
+    for dtype in (torch.bfloat16, torch.float16):
+        qh, kh, vh = (t.to(dtype) for t in (q, k, v))
+        expected = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True)
+        got = F.scaled_dot_product_attention(qh.to(DEV), kh.to(DEV), vh.to(DEV), is_causal=True)
+        assert got.dtype == dtype
+        torch.testing.assert_close(got.cpu(), expected, rtol=2e-2, atol=2e-2)

@@ -41,7 +41,7 @@ _aten.impl("_to_copy", quantized.to_copy, "QuantizedPrivateUse1")
 # LITERALINCLUDE END: REGISTER QUANTIZED PYTHON
 
 # LITERALINCLUDE START: REGISTER SDPA AND RNN
-_aten.impl("_fused_sdp_choice", lambda *args, **kwargs: 4, "PrivateUse1")  # SDPBackend::overrideable
+_aten.impl("_fused_sdp_choice", sdpa.fused_sdp_choice, "PrivateUse1")
 _aten.impl("_scaled_dot_product_fused_attention_overrideable", sdpa.attention_forward, "PrivateUse1")
 _aten.impl("_scaled_dot_product_fused_attention_overrideable_backward", sdpa.attention_backward, "PrivateUse1")
 _aten.impl("_thnn_fused_lstm_cell", rnn.lstm_cell, "PrivateUse1")

@@ -36,6 +36,14 @@ def _scores(q, k, bias, is_causal, scale):
     return s
 
 
+# LITERALINCLUDE START: SDP CHOICE OP
+def fused_sdp_choice(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None,
+                     enable_gqa=False) -> int:
+    """``aten::_fused_sdp_choice``: the same answer as the bridge's stub (``SDPBackend`` values)."""
+    return 0 if enable_gqa else 4  # math, overrideable
+# LITERALINCLUDE END: SDP CHOICE OP
+
+
 def _softmax(scores):
     """The math path's softmax: a row with every position masked out gives zeros, not NaN."""
     return torch.ops.aten._safe_softmax.default(scores, -1)

@@ -91,10 +91,12 @@ void abs_kernel(at::TensorIteratorBase& iter) {
 // scaled_dot_product_attention asks this stub (not the _fused_sdp_choice
 // operator) which backend to use for a PrivateUse1 query: the "overrideable"
 // one, i.e. aten::_scaled_dot_product_fused_attention_overrideable, whose
-// kernels are Python (torch_openreg/aten/sdpa.py).
+// kernels are Python (torch_openreg/aten/sdpa.py). Grouped-query attention
+// (enable_gqa) goes to the math backend: the overrideable operator has no
+// enable_gqa argument, while the math backend composes ordinary operators.
 int64_t fused_sdp_choice(const at::Tensor&, const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
-                         double, bool, std::optional<double>, bool) {
-  return static_cast<int64_t>(at::SDPBackend::overrideable);
+                         double, bool, std::optional<double>, bool enable_gqa) {
+  return static_cast<int64_t>(enable_gqa ? at::SDPBackend::math : at::SDPBackend::overrideable);
 }
 // LITERALINCLUDE END: SDP CHOICE
 
