@@ -27,6 +27,11 @@ def test_python_kernel_silu(launches):
         side.synchronize()
     torch.testing.assert_close(got.cpu(), F.silu(x))
     assert ("silu", 0, side.stream_id) in launches
+    c = torch.randn(3, dtype=torch.complex64)
+    torch.testing.assert_close(F.silu(c.to(DEV)).cpu(), F.silu(c))
+    torch.testing.assert_close(F.silu(c.to(DEV).conj()).cpu(), F.silu(c.conj()))  # lazy conjugate input
+    x = torch.randn(3, 1)
+    torch.testing.assert_close(F.silu(x.to(DEV).expand(3, 4)).cpu(), F.silu(x.expand(3, 4)))
     with pytest.raises(RuntimeError, match="floating point"):
         F.silu(torch.ones(2, dtype=torch.int64, device=DEV))
 

@@ -19,8 +19,8 @@ from .launch import host_view, launch
 # LITERALINCLUDE START: PYTHON KERNEL
 def silu(x: torch.Tensor) -> torch.Tensor:
     """``aten::silu`` with a hand-written Python kernel: ``x * sigmoid(x)``."""
-    if not x.is_floating_point():  # checks run at the call, as a device kernel's host side does
-        raise RuntimeError(f"silu: expected a floating point tensor, got {x.dtype}")
+    if not (x.is_floating_point() or x.is_complex()):  # checks run at the call, as on a real device
+        raise RuntimeError(f"silu: expected a floating point or complex tensor, got {x.dtype}")
     out = torch.empty_like(x)
     launch(x.device.index, _silu_kernel, host_view(out), host_view(x), tensors=(out, x), name="silu")
     return out
