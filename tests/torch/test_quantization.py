@@ -62,3 +62,19 @@ def test_quantize_checks_at_the_call():
         torch.quantize_per_tensor(torch.ones(2, dtype=torch.int64, device=DEV), 0.1, 0, torch.qint8)
     with pytest.raises(RuntimeError, match="unsupported dtype"):
         torch.quantize_per_tensor(torch.ones(2, device=DEV), 0.1, 0, torch.float32)
+
+
+def test_clone_select_reshape_other_device_and_tensor_qparams():
+    x = torch.randn(4, 3)
+    expected = torch.quantize_per_tensor(x, torch.tensor(0.1), torch.tensor(2), torch.quint8)
+    q = torch.quantize_per_tensor(x.to(DEV), torch.tensor(0.1), torch.tensor(2), torch.quint8)
+    assert q.q_scale() == expected.q_scale()  # the float32 0.1, as on the CPU
+    assert torch.equal(q.int_repr().cpu(), expected.int_repr())
+    c = q.t().clone()
+    assert c.is_quantized and c.q_scale() == q.q_scale() and torch.equal(c.int_repr().cpu(), expected.t().int_repr())
+    assert torch.equal(q[1].int_repr().cpu(), expected[1].int_repr())
+    assert torch.equal(q.reshape(12).int_repr().cpu(), expected.reshape(12).int_repr())
+    if torch.openreg.device_count() > 1:
+        other = q.to("openreg:1")
+        assert other.device == torch.device("openreg:1") and torch.equal(other.int_repr().cpu(), expected.int_repr())
+    assert torch.equal(expected.to(DEV).int_repr().cpu(), expected.int_repr())  # CPU -> openreg

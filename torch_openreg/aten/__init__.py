@@ -35,7 +35,9 @@ _aten.impl("addcmul", examples.boxed(torch.ops.aten.addcmul.default), "PrivateUs
 
 # LITERALINCLUDE START: REGISTER QUANTIZED PYTHON
 _aten.impl("quantize_per_tensor", quantized.quantize_per_tensor, "PrivateUse1")
+_aten.impl("quantize_per_tensor.tensor_qparams", quantized.quantize_per_tensor_tensor_qparams, "PrivateUse1")
 _aten.impl("dequantize.self", quantized.dequantize, "QuantizedPrivateUse1")
+_aten.impl("clone", quantized.clone, "QuantizedPrivateUse1")
 _aten.impl("int_repr", quantized.int_repr, "QuantizedPrivateUse1")
 _aten.impl("_to_copy", quantized.to_copy, "QuantizedPrivateUse1")
 # LITERALINCLUDE END: REGISTER QUANTIZED PYTHON

@@ -36,6 +36,11 @@ def quantize_per_tensor(x: torch.Tensor, scale: float, zero_point: int, dtype: t
     return q
 
 
+def quantize_per_tensor_tensor_qparams(x, scale, zero_point, dtype):
+    """``aten::quantize_per_tensor.tensor_qparams``: scale and zero point given as (1-element) tensors."""
+    return quantize_per_tensor(x, float(scale.item()), int(zero_point.item()), dtype)
+
+
 def _quantize(ints, x, scale, zero_point, dtype):
     ints.copy_(torch.quantize_per_tensor(x, scale, zero_point, dtype).int_repr())
 
@@ -56,6 +61,14 @@ def _dequantize(out, ints, scale, zero_point):
 def int_repr(q: torch.Tensor) -> torch.Tensor:
     """``aten::int_repr`` (QuantizedPrivateUse1): the integers, as a new plain openreg tensor."""
     return _ints(q).clone()
+
+
+def clone(q: torch.Tensor, *, memory_format=None) -> torch.Tensor:
+    """``aten::clone`` (QuantizedPrivateUse1): a contiguous copy with the same quantizer."""
+    out = torch._empty_affine_quantized(q.shape, scale=q.q_scale(), zero_point=q.q_zero_point(), dtype=q.dtype,
+                                        device=q.device)
+    _ints(out).copy_(_ints(q))  # a device-to-device copy: a launch on the current stream
+    return out
 
 
 def to_copy(q: torch.Tensor, *, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False,

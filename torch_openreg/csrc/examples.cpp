@@ -102,6 +102,19 @@ int64_t fused_sdp_choice(const at::Tensor&, const at::Tensor&, const at::Tensor&
 
 } // namespace
 
+// LITERALINCLUDE START: QUANTIZED FACTORY
+// ATen's factory for quantized tensors allocates with the PrivateUse1 allocator,
+// which allocates on the *current* device: select the requested one first.
+at::Tensor empty_affine_quantized(c10::IntArrayRef size, std::optional<c10::ScalarType> dtype,
+                                  std::optional<c10::Layout> layout, std::optional<c10::Device> device,
+                                  std::optional<bool> pin_memory, double scale, int64_t zero_point,
+                                  std::optional<c10::MemoryFormat> memory_format) {
+  c10::OptionalDeviceGuard guard(device);
+  return at::native::empty_affine_quantized(size, dtype, layout, device, pin_memory, scale, zero_point,
+                                            memory_format);
+}
+// LITERALINCLUDE END: QUANTIZED FACTORY
+
 } // namespace openreg
 
 // LITERALINCLUDE START: REGISTER STUB
@@ -119,13 +132,13 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("abs.out", at::native::abs_out);
   // Quantized tensors: the factory builds a QTensorImpl over device memory with
   // the QuantizedPrivateUse1 key (ATen picks the PrivateUse1 allocator).
-  m.impl("_empty_affine_quantized", at::native::empty_affine_quantized);
+  m.impl("_empty_affine_quantized", empty_affine_quantized);
 }
 // LITERALINCLUDE END: REGISTER STUB
 
 // LITERALINCLUDE START: REGISTER QUANTIZED
 TORCH_LIBRARY_IMPL(aten, QuantizedPrivateUse1, m) {
-  m.impl("_empty_affine_quantized", at::native::empty_affine_quantized);
+  m.impl("_empty_affine_quantized", empty_affine_quantized);
   m.impl("q_scale", at::native::q_scale_quant);
   m.impl("q_zero_point", at::native::q_zero_point_quant);
   m.impl("qscheme", at::native::qscheme_quant);
