@@ -176,3 +176,10 @@ def generator_sync(device: int) -> None:
 def copy_device_to_device(dst: int, src: int, nbytes: int, device: int) -> None:
     """Stream-ordered device copy on the current stream (used when a storage grows)."""
     openreg.memcpy_async(dst, src, nbytes, openreg.MemcpyKind.DEVICE_TO_DEVICE, openreg.current_stream(device))
+
+
+# LITERALINCLUDE START: BRIDGE LAUNCH
+def launch(device: int, kernel, buffers: list[int], name: str) -> None:
+    """Queue a C++ kernel (a callable from the bridge) on ``device``'s current stream."""
+    openreg.current_stream(_dev(device)).launch(kernel, buffers=buffers, name=name)
+# LITERALINCLUDE END: BRIDGE LAUNCH

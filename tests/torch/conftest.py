@@ -103,3 +103,18 @@ def run_python():
         )
 
     return run
+
+
+@pytest.fixture
+def launches():
+    """Names and stream ids of the kernels launched during the test: ``[(name, device, stream_id), ...]``."""
+    seen: list[tuple[str, int, int]] = []
+
+    def observe(name, device, stream_id, start, end):
+        seen.append((name, device, stream_id))
+
+    openreg.add_launch_observer(observe)
+    yield seen
+    for index in range(torch.openreg.device_count()):
+        torch.openreg.synchronize(index)
+    openreg.remove_launch_observer(observe)

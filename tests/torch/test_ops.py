@@ -266,11 +266,6 @@ def test_losses(reduction):
     check(lambda a, y: F.binary_cross_entropy_with_logits(a, y, reduction=reduction), A, labels)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="PyTorch's RNN cells call _thnn_fused_lstm_cell/_thnn_fused_gru_cell for PrivateUse1 inputs; "
-    "the CPU has no kernel for them, so the fallback fails (LAUNCH_FAILURE/NotImplementedError naming the op)",
-)
 @pytest.mark.parametrize("cls", [torch.nn.LSTM, torch.nn.GRU], ids=["lstm", "gru"])
 def test_recurrent_layers(cls):
     torch.manual_seed(0)

@@ -7,7 +7,7 @@ other ATen operator's CPU kernel over device memory.
 
 import torch
 
-from . import copy, fallback, random
+from . import copy, custom_ops, examples, fallback, quantized, random, rnn, sdpa  # noqa: F401  (custom_ops registers on import)
 
 # LITERALINCLUDE START: REGISTER PYTHON KERNELS
 _aten = torch.library.Library("aten", "IMPL")
@@ -28,3 +28,27 @@ for _key in ("Conjugate", "Negative"):
 _global = torch.library.Library("_", "IMPL")
 _global.fallback(fallback.fallback, "PrivateUse1")
 # LITERALINCLUDE END: REGISTER PYTHON KERNELS
+
+# LITERALINCLUDE START: REGISTER EXAMPLES
+_aten.impl("silu", examples.silu, "PrivateUse1")  # a hand-written Python kernel
+_aten.impl("addcmul", examples.boxed(torch.ops.aten.addcmul.default), "PrivateUse1")  # per-operator fallback
+# LITERALINCLUDE END: REGISTER EXAMPLES
+
+# LITERALINCLUDE START: REGISTER QUANTIZED PYTHON
+_aten.impl("quantize_per_tensor", quantized.quantize_per_tensor, "PrivateUse1")
+_aten.impl("quantize_per_tensor.tensor_qparams", quantized.quantize_per_tensor_tensor_qparams, "PrivateUse1")
+_aten.impl("dequantize.self", quantized.dequantize, "QuantizedPrivateUse1")
+_aten.impl("clone", quantized.clone, "QuantizedPrivateUse1")
+_aten.impl("int_repr", quantized.int_repr, "QuantizedPrivateUse1")
+_aten.impl("_to_copy", quantized.to_copy, "QuantizedPrivateUse1")
+# LITERALINCLUDE END: REGISTER QUANTIZED PYTHON
+
+# LITERALINCLUDE START: REGISTER SDPA AND RNN
+_aten.impl("_fused_sdp_choice", sdpa.fused_sdp_choice, "PrivateUse1")
+_aten.impl("_scaled_dot_product_fused_attention_overrideable", sdpa.attention_forward, "PrivateUse1")
+_aten.impl("_scaled_dot_product_fused_attention_overrideable_backward", sdpa.attention_backward, "PrivateUse1")
+_aten.impl("_thnn_fused_lstm_cell", rnn.lstm_cell, "PrivateUse1")
+_aten.impl("_thnn_fused_lstm_cell_backward_impl", rnn.lstm_cell_backward, "PrivateUse1")
+_aten.impl("_thnn_fused_gru_cell", rnn.gru_cell, "PrivateUse1")
+_aten.impl("_thnn_fused_gru_cell_backward", rnn.gru_cell_backward, "PrivateUse1")
+# LITERALINCLUDE END: REGISTER SDPA AND RNN

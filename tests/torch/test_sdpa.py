@@ -1,0 +1,141 @@
+"""scaled_dot_product_attention through the overrideable fused backend, against the CPU math path."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from torch_openreg.aten.sdpa import _keep_mask
+
+DEV = "openreg"
+
+
+def _inputs(seed=0, L=5, S=7, E=8, Ev=4):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(2, 3, L, E, generator=g), torch.randn(2, 3, S, E, generator=g),
+            torch.randn(2, 3, S, Ev, generator=g))
+
+
+def _compare(**kwargs):
+    q, k, v = _inputs()
+    cpu = [t.clone().requires_grad_() for t in (q, k, v)]
+    dev = [t.to(DEV).requires_grad_() for t in (q, k, v)]
+    mask = kwargs.pop("attn_mask", None)
+    cpu_mask = mask.clone().requires_grad_() if mask is not None and mask.is_floating_point() else mask
+    dev_mask = mask.to(DEV).requires_grad_() if cpu_mask is not None and cpu_mask.requires_grad else (
+        mask.to(DEV) if mask is not None else None)
+    expected = F.scaled_dot_product_attention(*cpu, attn_mask=cpu_mask, **kwargs)
+    got = F.scaled_dot_product_attention(*dev, attn_mask=dev_mask, **kwargs)
+    torch.testing.assert_close(got.cpu(), expected, rtol=1e-5, atol=1e-5)
+    grad = torch.randn_like(expected)
+    expected.backward(grad)
+    got.backward(grad.to(DEV))
+    for a, b in zip(cpu, dev):
+        torch.testing.assert_close(b.grad.cpu(), a.grad, rtol=1e-4, atol=1e-5)
+    if cpu_mask is not None and cpu_mask.requires_grad:
+        torch.testing.assert_close(dev_mask.grad.cpu(), cpu_mask.grad, rtol=1e-4, atol=1e-5)
+
+
+def test_sdp_choice_is_overrideable(launches):
+    q, k, v = (t.to(DEV) for t in _inputs())
+    assert torch._fused_sdp_choice(q, k, v) == 4  # SDPBackend::overrideable
+    F.scaled_dot_product_attention(q, k, v)
+    torch.openreg.synchronize()
+    assert "sdpa_overrideable" in {name for name, _, _ in launches}
+
+
+def test_plain():
+    _compare()
+
+
+def test_causal():
+    _compare(is_causal=True)
+
+
+def test_scale():
+    _compare(scale=0.3)
+
+
+def test_boolean_mask():
+    mask = torch.rand(5, 7, generator=torch.Generator().manual_seed(1)) > 0.3
+    mask[:, 0] = True  # no row fully masked
+    _compare(attn_mask=mask)
+
+
+def test_float_mask_with_grad():
+    _compare(attn_mask=torch.randn(2, 1, 5, 7))
+
+
+def test_logsumexp_matches():
+    q, k, v = _inputs()
+    out, lse, *_ = torch.ops.aten._scaled_dot_product_fused_attention_overrideable(q.to(DEV), k.to(DEV), v.to(DEV))
+    torch.testing.assert_close(lse.cpu(), torch.logsumexp(q @ k.transpose(-2, -1) / 8**0.5, dim=-1))
+
+
+@pytest.mark.parametrize("p", [0.2, 0.5])
+def test_dropout_statistics_and_reproducibility(p):
+    # q = k = 0: uniform attention 1/S; v = identity, so the output is the dropped attention itself
+    S = 64
+    q = torch.zeros(2, 4, S, S, device=DEV)
+    v = torch.eye(S).expand(2, 4, S, S).to(DEV).requires_grad_()
+    torch.openreg.manual_seed(7)
+    out = F.scaled_dot_product_attention(q, q, v, dropout_p=p)
+    host = out.detach().cpu()
+    dropped = (host == 0).float().mean().item()
+    assert abs(dropped - p) < 0.02, dropped  # 32768 Bernoulli draws: sd about 0.003
+    torch.testing.assert_close(host[host != 0], torch.full_like(host[host != 0], 1 / S / (1 - p)))
+    torch.openreg.manual_seed(7)
+    assert torch.equal(F.scaled_dot_product_attention(q, q, v, dropout_p=p).cpu(), host)
+    # backward uses the very mask forward used: grad_v = dropped_attention^T @ grad_out
+    out.backward(torch.ones_like(out))
+    torch.testing.assert_close(v.grad.cpu(), host.sum(-2, keepdim=True).transpose(-2, -1).expand(2, 4, S, S))
+
+
+def test_dropout_grads_match_cpu_math_with_same_mask():
+    q, k, v = _inputs()
+    p = 0.3
+    dev = [t.to(DEV).requires_grad_() for t in (q, k, v)]
+    out, _, _, _, _, _, seed, _, _ = torch.ops.aten._scaled_dot_product_fused_attention_overrideable(
+        *dev, dropout_p=p)
+    keep = _keep_mask(int(seed), (2, 3, 5, 7), p)
+    cpu = [t.clone().requires_grad_() for t in (q, k, v)]
+    expected, _ = torch.ops.aten._scaled_dot_product_attention_math(*cpu, None, p, False, keep)
+    torch.testing.assert_close(out.detach().cpu(), expected.detach(), rtol=1e-5, atol=1e-5)
+    grad = torch.randn_like(expected)
+    expected.backward(grad)
+    out.backward(grad.to(DEV))
+    for a, b in zip(cpu, dev):
+        torch.testing.assert_close(b.grad.cpu(), a.grad, rtol=1e-4, atol=1e-5)
+
+
+def test_grouped_query_attention_takes_the_math_backend(launches):
+    g = torch.Generator().manual_seed(3)
+    q, k, v = torch.randn(1, 4, 5, 8, generator=g), torch.randn(1, 2, 6, 8, generator=g), torch.randn(
+        1, 2, 6, 8, generator=g)
+    dev = [t.to(DEV).requires_grad_() for t in (q, k, v)]
+    cpu = [t.clone().requires_grad_() for t in (q, k, v)]
+    assert torch._fused_sdp_choice(*dev, enable_gqa=True) == 0  # SDPBackend::math
+    expected = F.scaled_dot_product_attention(*cpu, enable_gqa=True)
+    got = F.scaled_dot_product_attention(*dev, enable_gqa=True)
+    torch.testing.assert_close(got.cpu(), expected, rtol=1e-5, atol=1e-5)
+    expected.sum().backward()
+    got.sum().backward()
+    for a, b in zip(cpu, dev):
+        torch.testing.assert_close(b.grad.cpu(), a.grad, rtol=1e-4, atol=1e-5)
+    assert "sdpa_overrideable" not in {name for name, _, _ in launches}
+
+
+def test_fully_masked_row_and_half_precision():
+    q, k, v = _inputs()
+    mask = torch.ones(5, 7, dtype=torch.bool)
+    mask[2] = False  # one query sees no key
+    expected = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    got = F.scaled_dot_product_attention(q.to(DEV), k.to(DEV), v.to(DEV), attn_mask=mask.to(DEV))
+    torch.testing.assert_close(got.cpu(), expected, rtol=1e-5, atol=1e-5)
+    for dtype in (torch.bfloat16, torch.float16):
+        qh, kh, vh = (t.to(dtype) for t in (q, k, v))
+        expected = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True)
+        got = F.scaled_dot_product_attention(qh.to(DEV), kh.to(DEV), vh.to(DEV), is_causal=True)
+        assert got.dtype == dtype
+        torch.testing.assert_close(got.cpu(), expected, rtol=2e-2, atol=2e-2)

@@ -1,0 +1,122 @@
+"""Scaled dot product attention through the "overrideable" fused backend.
+
+For a PrivateUse1 query, ``scaled_dot_product_attention`` asks ``_fused_sdp_choice_stub`` which
+backend to use; the bridge answers ``overrideable`` (``csrc/examples.cpp``), so PyTorch calls
+``aten::_scaled_dot_product_fused_attention_overrideable`` and, in backward, its ``_backward``.
+Both kernels here are launches that compute PyTorch's math path (its formulas, in CPU
+operators) over host views. Dropout draws a
+seed from the device's generator at the call; forward and backward rebuild the same keep-mask
+from it, so backward sees exactly the dropout forward applied.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from torch_openreg import _C
+
+from .launch import host_view, launch
+
+
+def _keep_mask(seed: int, shape, p: float) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.rand(shape, generator=gen) >= p
+
+
+def _scores(q, k, bias, is_causal, scale):
+    """Attention scores before softmax, as the math path forms them."""
+    s = (q @ k.transpose(-2, -1)) * (scale if scale is not None else 1 / math.sqrt(q.size(-1)))
+    if is_causal:
+        L, S = q.size(-2), k.size(-2)
+        s = s.masked_fill(~torch.ones(L, S, dtype=torch.bool).tril(), float("-inf"))
+    if bias is not None:
+        s = s.masked_fill(~bias, float("-inf")) if bias.dtype == torch.bool else s + bias
+    return s
+
+
+# LITERALINCLUDE START: SDP CHOICE OP
+def fused_sdp_choice(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None,
+                     enable_gqa=False) -> int:
+    """``aten::_fused_sdp_choice``: the same answer as the bridge's stub (``SDPBackend`` values)."""
+    return 0 if enable_gqa else 4  # math, overrideable
+# LITERALINCLUDE END: SDP CHOICE OP
+
+
+def _softmax(scores):
+    """The math path's softmax: a row with every position masked out gives zeros, not NaN."""
+    return torch.ops.aten._safe_softmax.default(scores, -1)
+
+
+# LITERALINCLUDE START: SDPA FORWARD
+def attention_forward(query, key, value, attn_bias=None, dropout_p=0.0, is_causal=False, return_debug_mask=False,
+                      scale=None):
+    """``aten::_scaled_dot_product_fused_attention_overrideable`` for openreg tensors."""
+    B, H, L, _ = query.shape
+    S, Ev = key.size(-2), value.size(-1)
+    dev = query.device
+    seed = 0
+    if dropout_p > 0:  # drawn at the call, in program order with manual_seed (as random ops do)
+        gen = _C._cpu_generator(_C._default_generator(dev.index))
+        seed = int(torch.randint(0, 2**62, (), generator=gen))
+    out = torch.empty(B, H, L, Ev, dtype=query.dtype, device=dev)
+    lse = torch.empty(B, H, L, dtype=torch.float32, device=dev)
+    tensors = [t for t in (out, lse, query, key, value, attn_bias) if t is not None]
+    launch(dev.index, _forward_kernel, *[host_view(t) if t is not None else None
+                                         for t in (out, lse, query, key, value, attn_bias)],
+           dropout_p, is_causal, scale, seed, tensors=tensors, name="sdpa_overrideable")
+    seed_t = torch.tensor(seed, dtype=torch.int64)  # CPU scalars, as CUDA's philox seed/offset may be
+    offset_t = torch.tensor(0, dtype=torch.int64)
+    debug = torch.empty(0, dtype=query.dtype, device=dev)
+    return out, lse, None, None, L, S, seed_t, offset_t, debug
+
+
+def _forward_kernel(out, lse, q, k, v, bias, dropout_p, is_causal, scale, seed):
+    scores = _scores(q, k, bias, is_causal, scale)
+    p = _softmax(scores)
+    if dropout_p > 0:
+        p = p * _keep_mask(seed, p.shape, dropout_p) / (1 - dropout_p)
+    torch.matmul(p, v, out=out)
+    lse.copy_(torch.logsumexp(scores.float(), dim=-1))
+
+
+# LITERALINCLUDE END: SDPA FORWARD
+
+
+# LITERALINCLUDE START: SDPA BACKWARD
+def attention_backward(grad_out, query, key, value, attn_bias, grad_input_mask, out, logsumexp, cum_seq_q,
+                       cum_seq_k, max_q, max_k, dropout_p, is_causal, philox_seed, philox_offset, scale=None):
+    """The backward: the math path's gradients over host views, in one launch."""
+    grads = [torch.empty_like(query), torch.empty_like(key), torch.empty_like(value)]
+    want_bias = attn_bias is not None and attn_bias.is_floating_point() and grad_input_mask[3]
+    grads.append(torch.empty_like(attn_bias) if want_bias else torch.empty(0, device=query.device))
+    inputs = (grad_out, query, key, value, attn_bias)
+    launch(query.device.index, _backward_kernel, [host_view(g) for g in grads],
+           *[host_view(t) if t is not None else None for t in inputs], dropout_p, is_causal, scale,
+           int(philox_seed), want_bias, tensors=[*grads, *(t for t in inputs if t is not None)],
+           name="sdpa_overrideable_backward")
+    return tuple(grads)
+
+
+def _backward_kernel(grads, grad_out, q, k, v, bias, dropout_p, is_causal, scale, seed, want_bias):
+    """The math path's gradients, written out (no autograd: a kernel may run on any thread,
+    including one that is inside a dispatch below autograd)."""
+    scale = scale if scale is not None else 1 / math.sqrt(q.size(-1))
+    p = _softmax(_scores(q, k, bias, is_causal, scale))
+    dropped = p
+    if dropout_p > 0:
+        keep = _keep_mask(seed, p.shape, dropout_p)
+        dropped = p * keep / (1 - dropout_p)
+    grad_v = dropped.transpose(-2, -1) @ grad_out
+    grad_dropped = grad_out @ v.transpose(-2, -1)
+    grad_p = grad_dropped * keep / (1 - dropout_p) if dropout_p > 0 else grad_dropped
+    grad_s = p * (grad_p - (grad_p * p).sum(-1, keepdim=True))
+    computed = [grad_s @ k * scale, grad_s.transpose(-2, -1) @ q * scale, grad_v]
+    if want_bias:
+        computed.append(grad_s)
+    for view, g in zip(grads, computed):
+        view.copy_(g.sum_to_size(view.shape))
+
+
+# LITERALINCLUDE END: SDPA BACKWARD

@@ -1,0 +1,150 @@
+// Operator registration examples in C++: a built-in operator with its own
+// kernel (TORCH_LIBRARY_IMPL), a DispatchStub kernel (abs_stub), and the
+// factory quantized tensors need. Kernels that compute do not touch device
+// memory at the call: they hand the runtime a closure over host views, queued on
+// the current stream like every Python kernel (torch_openreg/aten/launch.py).
+#include <ATen/TensorIterator.h>
+#include <ATen/SDPBackend.h>
+#include <ATen/native/UnaryOps.h>
+#include <ATen/native/transformers/attention.h>
+#include <ATen/ops/_empty_affine_quantized_native.h>
+#include <ATen/ops/abs.h>
+#include <ATen/ops/abs_native.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/fill.h>
+#include <ATen/ops/from_blob.h>
+#include <ATen/ops/q_scale_native.h>
+#include <ATen/ops/q_zero_point_native.h>
+#include <ATen/ops/qscheme_native.h>
+#include <ATen/ops/as_strided_native.h>
+#include <ATen/ops/view_native.h>
+#include <c10/core/DeviceGuard.h>
+#include <torch/csrc/utils/pybind.h>
+#include <torch/library.h>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "bridge.h"
+
+namespace openreg {
+
+at::Tensor host_view(const at::Tensor& t); // module.cpp
+
+// LITERALINCLUDE START: CPP LAUNCH
+// Queue a C++ closure on the current stream of `device`, naming the storages it
+// may touch: the runtime opens them only while the closure runs. The runtime's
+// `launch` (Python) decides everything else; an exception thrown by the closure
+// is reported like any kernel error, at the next synchronizing call.
+void launch(c10::DeviceIndex device, std::function<void()> kernel, const std::vector<at::Tensor>& tensors,
+            const char* name) {
+  py::gil_scoped_acquire gil;
+  py::list buffers;
+  for (const auto& t : tensors) {
+    buffers.append(reinterpret_cast<uintptr_t>(t.storage().data()));
+  }
+  py::cpp_function fn([kernel = std::move(kernel)]() {
+    py::gil_scoped_release nogil; // the kernel is pure C++: let other streams' Python kernels run
+    kernel();
+  });
+  call("launch", device, fn, buffers, name);
+}
+// LITERALINCLUDE END: CPP LAUNCH
+
+namespace {
+
+// LITERALINCLUDE START: CPP KERNEL
+// aten::fill_.Scalar with its own C++ kernel: validate at the call (as a
+// device kernel's host side does), then queue the CPU fill over the host view.
+// The closure holds host views (raw pointers), not the tensors, as a CUDA kernel
+// holds pointers: a tensor freed before the kernel runs returns its block to the
+// caching allocator on this stream, and later work on the stream is ordered after.
+at::Tensor& fill_scalar(at::Tensor& self, const at::Scalar& value) {
+  // The checks the CPU kernel would make (a value that overflows the dtype), at the call:
+  // a fill of one host element, so that the kernel itself cannot fail later.
+  at::Tensor probe = at::empty({}, self.options().device(c10::kCPU));
+  at::fill_(probe, value);
+  if (self.numel() == 0) return self;
+  launch(self.device().index(), [view = host_view(self), value]() mutable { at::fill_(view, value); }, {self},
+         "fill_ (C++ kernel)");
+  return self;
+}
+// LITERALINCLUDE END: CPP KERNEL
+
+// LITERALINCLUDE START: ABS STUB
+// The DispatchStub form: ATen's own abs_out builds the TensorIterator (shape,
+// dtype, out= resizing, strided outputs) and calls abs_stub for the iterator's
+// device type; this is the PrivateUse1 entry of the stub. The iterator's
+// operands are openreg tensors (an out= slice stays a strided view of its base).
+void abs_kernel(at::TensorIteratorBase& iter) {
+  const at::Tensor& out = iter.output(0);
+  const at::Tensor& in = iter.input(0);
+  if (out.numel() == 0) return;
+  launch(out.device().index(), [out_view = host_view(out), in_view = host_view(in)]() mutable {
+    at::abs_out(out_view, in_view);
+  }, {out, in}, "abs (abs_stub)");
+}
+// LITERALINCLUDE END: ABS STUB
+
+// LITERALINCLUDE START: SDP CHOICE
+// scaled_dot_product_attention asks this stub (not the _fused_sdp_choice
+// operator) which backend to use for a PrivateUse1 query: the "overrideable"
+// one, i.e. aten::_scaled_dot_product_fused_attention_overrideable, whose
+// kernels are Python (torch_openreg/aten/sdpa.py). Grouped-query attention
+// (enable_gqa) goes to the math backend: the overrideable operator has no
+// enable_gqa argument, while the math backend composes ordinary operators.
+int64_t fused_sdp_choice(const at::Tensor&, const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
+                         double, bool, std::optional<double>, bool enable_gqa) {
+  return static_cast<int64_t>(enable_gqa ? at::SDPBackend::math : at::SDPBackend::overrideable);
+}
+// LITERALINCLUDE END: SDP CHOICE
+
+} // namespace
+
+// LITERALINCLUDE START: QUANTIZED FACTORY
+// ATen's factory for quantized tensors allocates with the PrivateUse1 allocator,
+// which allocates on the *current* device: select the requested one first.
+at::Tensor empty_affine_quantized(c10::IntArrayRef size, std::optional<c10::ScalarType> dtype,
+                                  std::optional<c10::Layout> layout, std::optional<c10::Device> device,
+                                  std::optional<bool> pin_memory, double scale, int64_t zero_point,
+                                  std::optional<c10::MemoryFormat> memory_format) {
+  c10::OptionalDeviceGuard guard(device);
+  return at::native::empty_affine_quantized(size, dtype, layout, device, pin_memory, scale, zero_point,
+                                            memory_format);
+}
+// LITERALINCLUDE END: QUANTIZED FACTORY
+
+} // namespace openreg
+
+// LITERALINCLUDE START: REGISTER STUB
+namespace at::native { // the stub registration macro expects ATen's namespace
+REGISTER_PRIVATEUSE1_DISPATCH(abs_stub, &openreg::abs_kernel)
+REGISTER_PRIVATEUSE1_DISPATCH(_fused_sdp_choice_stub, &openreg::fused_sdp_choice)
+}
+
+namespace openreg {
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("fill_.Scalar", fill_scalar);
+  // abs and abs_ are composites over abs.out; without this registration abs.out
+  // reaches the global fallback and the stub is never called.
+  m.impl("abs.out", at::native::abs_out);
+  // Quantized tensors: the factory builds a QTensorImpl over device memory with
+  // the QuantizedPrivateUse1 key (ATen picks the PrivateUse1 allocator).
+  m.impl("_empty_affine_quantized", empty_affine_quantized);
+}
+// LITERALINCLUDE END: REGISTER STUB
+
+// LITERALINCLUDE START: REGISTER QUANTIZED
+TORCH_LIBRARY_IMPL(aten, QuantizedPrivateUse1, m) {
+  m.impl("_empty_affine_quantized", empty_affine_quantized);
+  m.impl("q_scale", at::native::q_scale_quant);
+  m.impl("q_zero_point", at::native::q_zero_point_quant);
+  m.impl("qscheme", at::native::qscheme_quant);
+  m.impl("as_strided", at::native::as_strided_qtensorimpl);
+  m.impl("view", at::native::view);
+}
+// LITERALINCLUDE END: REGISTER QUANTIZED
+
+} // namespace openreg
