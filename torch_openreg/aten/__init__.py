@@ -52,3 +52,6 @@ _aten.impl("_thnn_fused_lstm_cell_backward_impl", rnn.lstm_cell_backward, "Priva
 _aten.impl("_thnn_fused_gru_cell", rnn.gru_cell, "PrivateUse1")
 _aten.impl("_thnn_fused_gru_cell_backward", rnn.gru_cell_backward, "PrivateUse1")
 # LITERALINCLUDE END: REGISTER SDPA AND RNN
+
+# Last, so that every operator with a kernel of its own above keeps it.
+fallback.register_structured(_aten)
