@@ -1,7 +1,7 @@
 """Conformance runner: PyTorch's operator database (OpInfo ``op_db``) on openreg, compared with the CPU.
 
-For every operator and dtype, every sample input (or the first ``limit``) is generated on the CPU,
-copied to openreg, and the operator runs on both. Outputs are compared with
+For every operator and dtype, every sample input (or the first ``limit``) is made on openreg (as
+PyTorch's own device tests make them), copied to the CPU, and the operator runs on both. Outputs are compared with
 ``torch.testing.assert_close``; in float32, for operators that support autograd, the gradients of
 the sum of the outputs with respect to the inputs are compared too. After each sample the device is
 synchronized, so an asynchronous kernel error is charged to the operator that caused it.
@@ -99,20 +99,31 @@ def _leaves(value: Any) -> list[torch.Tensor]:
     return found
 
 
-def _to_device(t: torch.Tensor) -> torch.Tensor:
-    copy = t.detach().to(DEVICE)
+def _to_cpu(t: torch.Tensor) -> torch.Tensor:
+    """The CPU copy of an openreg tensor (CPU tensors in a sample stay as they are, e.g. CPU indices)."""
+    if t.device.type != DEVICE:
+        return t
+    copy = t.detach().cpu()
     if t.is_conj():
         copy = copy.conj()
     return copy.requires_grad_(t.requires_grad)
 
 
-def _device_kwargs(kwargs: dict) -> dict:
-    out = {}
-    for k, v in kwargs.items():
-        if k == "device" and v is not None and torch.device(v).type == "cpu":
-            v = DEVICE
-        out[k] = _map(v, _to_device)
-    return out
+def _cpu_device(value: Any) -> Any:
+    if isinstance(value, torch.device) and value.type == DEVICE:
+        return torch.device("cpu")
+    if isinstance(value, str) and value.split(":")[0] == DEVICE:
+        return "cpu"
+    return value
+
+
+def _cpu_sample(sample):
+    """The sample with every openreg tensor copied to the CPU and every openreg device made ``cpu``."""
+    copy = sample.transform(lambda t: t)  # same structure, same objects
+    copy.input = _map(sample.input, _to_cpu)
+    copy.args = tuple(_cpu_device(_map(a, _to_cpu)) for a in sample.args)
+    copy.kwargs = {k: _cpu_device(_map(v, _to_cpu)) for k, v in sample.kwargs.items()}
+    return copy
 
 
 @contextlib.contextmanager
@@ -146,7 +157,7 @@ def _grad_sum(outputs: Any, process) -> torch.Tensor | None:
     for o in _leaves(outputs):
         if not o.requires_grad:
             continue
-        s = torch.view_as_real(o).sum() if o.is_complex() else o.sum()
+        s = torch.view_as_real(o.resolve_conj()).sum() if o.is_complex() else o.sum()
         total = s if total is None else total + s
     return total
 
@@ -168,32 +179,31 @@ def _compare(op, got: Any, expected: Any) -> None:
     torch.testing.assert_close(got_cpu, expected, equal_nan=True, check_device=False)
 
 
+def _grads(loss: torch.Tensor | None, sample) -> tuple | None:
+    inputs = [t for t in _leaves((sample.input, sample.args, sample.kwargs)) if t.requires_grad]
+    if loss is None or not inputs:
+        return None
+    return torch.autograd.grad(loss, inputs, allow_unused=True)
+
+
 def run_sample(op, sample, dtype: torch.dtype, check_grad: bool, seed: int = 0) -> tuple[str, str]:
-    """Run one sample on the CPU and on openreg; returns (status, message)."""
+    """Run one sample (made on openreg) on openreg and on a CPU copy; returns (status, message)."""
+    cpu_sample = _cpu_sample(sample)  # before anything runs: in-place operators change their inputs
     try:
-        expected = _run(op, sample, seed)
-        cpu_loss = _grad_sum(expected, sample.output_process_fn_grad) if check_grad else None
-        cpu_inputs = [t for t in _leaves((sample.input, sample.args, sample.kwargs)) if t.requires_grad]
+        expected = _run(op, cpu_sample, seed)
         expected_grads = None
-        if cpu_loss is not None and cpu_inputs:
-            expected_grads = torch.autograd.grad(cpu_loss, cpu_inputs, allow_unused=True)
+        if check_grad:
+            expected_grads = _grads(_grad_sum(expected, sample.output_process_fn_grad), cpu_sample)
     except Exception as exc:  # noqa: BLE001 - the CPU reference itself fails: nothing to compare with
         return SKIPPED, "CPU reference fails: " + first_line(exc)
-    device_sample = sample.transform(lambda t: t)  # a copy with the same structure
-    device_sample.input = _map(sample.input, _to_device)
-    device_sample.args = _map(tuple(sample.args), _to_device)
-    device_sample.kwargs = _device_kwargs(sample.kwargs)
     try:
-        got = _run(op, device_sample, seed)
+        got = _run(op, sample, seed)
         torch.openreg.synchronize()
         _compare(op, got, expected)
         if expected_grads is not None:
-            loss = _grad_sum(got, sample.output_process_fn_grad)
-            inputs = [t for t in _leaves((device_sample.input, device_sample.args, device_sample.kwargs))
-                      if t.requires_grad]
-            if loss is None:
+            grads = _grads(_grad_sum(got, sample.output_process_fn_grad), sample)
+            if grads is None:
                 raise AssertionError("no differentiable output on openreg")
-            grads = torch.autograd.grad(loss, inputs, allow_unused=True)
             torch.openreg.synchronize()
             for i, (g, e) in enumerate(zip(grads, expected_grads)):
                 if (g is None) != (e is None):
@@ -225,9 +235,11 @@ def run_op(op, dtype: torch.dtype, limit: int | None = None, timeout: float = 30
     result = Result(name, dname, PASS)
     try:
         with _deadline(timeout):
-            samples = list(op.sample_inputs("cpu", dtype, requires_grad=check_grad))
-    except Exception as exc:  # noqa: BLE001
-        return Result(name, dname, SKIPPED, message="sample inputs fail on the CPU: " + first_line(exc))
+            samples = list(op.sample_inputs(DEVICE, dtype, requires_grad=check_grad))
+    except Exception as exc:  # noqa: BLE001 - making the inputs on openreg is part of the test
+        with contextlib.suppress(Exception):
+            torch.openreg.synchronize()
+        return Result(name, dname, ERROR, message="making sample inputs on openreg fails: " + first_line(exc))
     skipped = []
     for sample in samples[:limit] if limit else samples:
         try:
@@ -253,14 +265,15 @@ def run_op(op, dtype: torch.dtype, limit: int | None = None, timeout: float = 30
 # LITERALINCLUDE END: RUN OP
 
 
-def select_ops(names: Iterable[str] | None = None) -> list:
-    """OpInfos of ``op_db`` by name (``name`` matches every variant, ``name.variant`` one of them)."""
+def select_ops(names: Iterable[str] | None = None, exact: bool = False) -> list:
+    """OpInfos of ``op_db`` by name (``name`` matches every variant, ``name.variant`` one of them;
+    with ``exact``, ``name`` matches only the operator without a variant name)."""
     from torch.testing._internal.common_methods_invocations import op_db
 
     if not names:
         return list(op_db)
     wanted = set(names)
-    chosen = [op for op in op_db if op.name in wanted or op_name(op) in wanted]
+    chosen = [op for op in op_db if op_name(op) in wanted or (not exact and op.name in wanted)]
     missing = wanted - {op.name for op in chosen} - {op_name(op) for op in chosen}
     if missing:
         raise ValueError(f"not in op_db: {sorted(missing)}")
@@ -343,7 +356,7 @@ def write_report(results: list[Result], path: str, command: str, limit: int | No
 def _worker(args) -> None:
     """Run the operators named on stdin's argument list, printing one JSON line per result."""
     dtypes = [getattr(torch, d) for d in args.dtypes.split(",")]
-    for op in select_ops(args.ops.split(",")):
+    for op in select_ops(args.ops.split(","), exact=True):
         print(json.dumps({"start": op_name(op)}), flush=True)
         for dtype in dtypes:
             r = run_op(op, dtype, args.limit, args.timeout)
