@@ -38,6 +38,14 @@ NEVER_FALLBACK = {
 CPU_INDICES_OK = {
     "aten::index.Tensor", "aten::index.Tensor_out", "aten::index_put_", "aten::index_put", "aten::_index_put_impl_"
 }
+# Operators whose meta kernel disagrees with their CPU kernel on output shapes or dtypes (the meta
+# kernels follow CUDA: e.g. eval-mode batch norm statistics of size C, not 0; float statistics for
+# bfloat16 inputs). The CPU kernel decides what they return: they take the synchronous path.
+CPU_DECIDES_OUTPUTS = {
+    "aten::native_batch_norm", "aten::_native_batch_norm_legit", "aten::_batch_norm_with_update",
+    "aten::native_layer_norm", "aten::native_layer_norm_backward", "aten::native_group_norm",
+    "aten::_embedding_bag", "aten::_embedding_bag_forward_only",
+}
 # LITERALINCLUDE END: NEVER FALLBACK
 
 FRESH, VIEW, INPLACE = "fresh", "view", "inplace"
@@ -76,7 +84,7 @@ class OpInfo:
                 self.returns.append((INPLACE if r.alias_info.is_write else VIEW, arg))
         # Random ops draw from the generator when they run: run them at the call, in program order
         # with seeding and get_state/set_state on the host (as CUDA captures the Philox offset).
-        self.sync_only = not tensor_only or bool(self.generators)
+        self.sync_only = not tensor_only or bool(self.generators) or schema.name in CPU_DECIDES_OUTPUTS
         self.out_names = self._out_overload_names(op)
 
     def _out_overload_names(self, op: torch._ops.OpOverload) -> list[str] | None:
