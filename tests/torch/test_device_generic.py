@@ -94,3 +94,20 @@ def test_generated_tests_run_on_openreg() -> None:
     if torch.openreg.device_count() >= 2:
         assert not skipped, skipped
     assert cls.device_type == "openreg"
+
+
+def test_pytorch_style_run_with_env(run_python) -> None:
+    """examples/device_generic_tests.py, run as PyTorch's own test files are run, instantiates for openreg only."""
+    result = run_python(
+        "import runpy, sys; sys.argv = ['device_generic_tests.py', '-v']; "
+        "runpy.run_path('examples/device_generic_tests.py', run_name='__main__')",
+        env={"PYTORCH_TESTING_DEVICE_ONLY_FOR": "openreg"},
+        timeout=240,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    for name in ("test_device_openreg", "test_cuda_only_openreg", "test_op_runs_add_openreg_float32",
+                 "test_op_runs_mul_openreg_float32", "test_op_runs_sum_openreg_float32"):
+        assert f"{name} (" in result.stderr and "ok" in result.stderr, name
+    assert "test_not_for_openreg" not in result.stderr
+    assert "CPU" not in "".join(line for line in result.stderr.splitlines() if line.startswith("test_"))
+    assert "Ran 5 tests" in result.stderr
