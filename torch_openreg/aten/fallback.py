@@ -43,8 +43,7 @@ CPU_INDICES_OK = {
 # bfloat16 inputs). The CPU kernel decides what they return: they take the synchronous path.
 CPU_DECIDES_OUTPUTS = {
     "aten::native_batch_norm", "aten::_native_batch_norm_legit", "aten::_batch_norm_with_update",
-    "aten::native_layer_norm", "aten::native_layer_norm_backward", "aten::native_group_norm",
-    "aten::_embedding_bag", "aten::_embedding_bag_forward_only",
+    "aten::native_layer_norm", "aten::_embedding_bag", "aten::_embedding_bag_forward_only",
 }
 # LITERALINCLUDE END: NEVER FALLBACK
 
