@@ -45,6 +45,9 @@ CPU_DECIDES_OUTPUTS = {
     "aten::native_batch_norm", "aten::_native_batch_norm_legit", "aten::_batch_norm_with_update",
     "aten::native_layer_norm", "aten::_embedding_bag", "aten::_embedding_bag_forward_only",
 }
+# Random operators without a Generator argument: their CPU kernels draw from the CPU default generator.
+# They run synchronously, with the device's generator state lent to the CPU default generator.
+RANDOM_DEFAULT_GENERATOR = {"aten::native_dropout"}
 # LITERALINCLUDE END: NEVER FALLBACK
 
 FRESH, VIEW, INPLACE = "fresh", "view", "inplace"
@@ -83,7 +86,10 @@ class OpInfo:
                 self.returns.append((INPLACE if r.alias_info.is_write else VIEW, arg))
         # Random ops draw from the generator when they run: run them at the call, in program order
         # with seeding and get_state/set_state on the host (as CUDA captures the Philox offset).
-        self.sync_only = not tensor_only or bool(self.generators) or schema.name in CPU_DECIDES_OUTPUTS
+        self.default_rng = schema.name in RANDOM_DEFAULT_GENERATOR
+        self.sync_only = (
+            not tensor_only or bool(self.generators) or self.default_rng or schema.name in CPU_DECIDES_OUTPUTS
+        )
         self.out_names = self._out_overload_names(op)
 
     def _out_overload_names(self, op: torch._ops.OpOverload) -> list[str] | None:
@@ -440,7 +446,10 @@ def _run_sync(op, info: OpInfo, args, kwargs, tensors, device: torch.device) -> 
         if a is not None and a.kwarg_only and a.alias_info is not None and a.alias_info.is_write:
             outs_by_name[name] = kwargs[name]  # out=: let the CPU kernel size a host tensor, copy after
             cpu_kwargs[name] = _map(kwargs[name], lambda t: torch.empty(0, dtype=t.dtype))
-    result = run_sync(device.index, lambda: op(*cpu_args, **cpu_kwargs), tensors=tensors, name=info.name)
+    call = lambda: op(*cpu_args, **cpu_kwargs)
+    if info.default_rng:
+        call = lambda call=call: _with_device_rng(device, call)
+    result = run_sync(device.index, call, tensors=tensors, name=info.name)
     if not info.returns:
         return None
     results = [result] if len(info.returns) == 1 else list(result)
@@ -461,6 +470,18 @@ def _run_sync(op, info: OpInfo, args, kwargs, tensors, device: torch.device) -> 
             final.append(real)
     return _pack(final)
 # LITERALINCLUDE END: SYNC PATH
+
+
+def _with_device_rng(device: torch.device, fn) -> Any:
+    """Run ``fn`` with the CPU default generator holding the device generator's state, then give it back."""
+    device_gen = _C._cpu_generator(_C._default_generator(device.index))
+    saved = torch.default_generator.get_state()
+    torch.default_generator.set_state(device_gen.get_state())
+    try:
+        return fn()
+    finally:
+        device_gen.set_state(torch.default_generator.get_state())
+        torch.default_generator.set_state(saved)
 
 
 def _host_alias_to_device(t: torch.Tensor, base: torch.Tensor, device: torch.device) -> torch.Tensor:
