@@ -109,3 +109,21 @@ def test_meta_disagreeing_ops_follow_the_cpu() -> None:
     torch.openreg.synchronize()
     assert [t.dtype for t in out] == [t.dtype for t in torch.native_batch_norm(
         x.bfloat16(), w.bfloat16(), w.bfloat16(), rm.bfloat16(), rv.bfloat16(), True, 0.5, 0.6)]
+
+
+def test_native_dropout_draws_from_the_device_generator_in_program_order() -> None:
+    """Regression: native_dropout has no Generator argument; queued, it drew from the CPU default generator
+    whenever the worker ran it, so a manual_seed right after the call changed its mask."""
+    x = torch.ones(1000, device="openreg")
+    masks = []
+    for _ in range(5):
+        torch.manual_seed(0)
+        masks.append(torch.native_dropout(x, 0.5, True)[1])
+    torch.manual_seed(0)  # reseeding after the last call must not change what it drew
+    assert all(torch.equal(m.cpu(), masks[0].cpu()) for m in masks)
+    cpu_state = torch.get_rng_state()
+    torch.openreg.manual_seed(1)
+    a = torch.native_dropout(x, 0.5, True)[1]
+    assert torch.equal(torch.get_rng_state(), cpu_state), "the CPU generator must not be consumed"
+    torch.openreg.manual_seed(1)
+    assert torch.equal(torch.native_dropout(x, 0.5, True)[1].cpu(), a.cpu())
