@@ -50,7 +50,7 @@ class TestOpenRegDeviceGeneric(TestCase):
 
     @ops([op for op in op_db if op.name in OPS], allowed_dtypes=(torch.float32,))
     def test_matches_cpu(self, device, dtype, op):
-        for sample in op.sample_inputs("cpu", dtype, requires_grad=op.supports_autograd):
+        for sample in op.sample_inputs(device, dtype, requires_grad=op.supports_autograd):
             status, message = run_sample(op, sample, dtype, check_grad=op.supports_autograd)
             self.assertIn(status, ("pass", "skip"), message)
 
