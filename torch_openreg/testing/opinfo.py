@@ -332,7 +332,8 @@ def write_report(results: list[Result], path: str, command: str, limit: int | No
         "and on the CPU; outputs (and, in float32, gradients) compared with `torch.testing.assert_close`. "
         "`pass`: every compared sample matches; `fail`: a mismatch; `error`: openreg raised (or crashed, or hung) "
         "where the CPU did not; `skip`: nothing to compare (the dtype is not supported on the CPU, or the CPU "
-        f"reference itself fails for every sample). The run took {seconds / 60:.0f} minutes. "
+        f"reference itself fails for every sample, or the operator is on the runner's exception list). "
+        f"The run took {seconds / 60:.0f} minutes. "
         "{doc}`testing` explains the runner and its exceptions.",
         "",
         "## Totals",
