@@ -5,6 +5,8 @@ package registers the copies, ``.item()`` and the global fallback that runs any
 other ATen operator's CPU kernel over device memory.
 """
 
+import functools
+
 import torch
 
 from . import copy, custom_ops, examples, fallback, quantized, random, rnn, sdpa  # noqa: F401  (custom_ops registers on import)
@@ -24,6 +26,12 @@ _aten.impl("convolution_backward_overrideable", fallback.convolution_backward_ov
 for _key in ("Conjugate", "Negative"):
     _aten.impl("_copy_from", torch.library.fallthrough_kernel, _key)
     _aten.impl("_copy_from_and_resize", torch.library.fallthrough_kernel, _key)
+
+# PyTorch computes these on devices without their own kernel by a composite decomposition
+# (CompositeExplicitAutograd), which rounds differently from the CPU's fused kernel: give openreg the
+# CPU kernel, through the fallback, like any other operator.
+for _name in ("native_layer_norm", "native_group_norm", "addr"):
+    _aten.impl(_name, functools.partial(fallback.fallback, getattr(torch.ops.aten, _name).default), "PrivateUse1")
 
 _global = torch.library.Library("_", "IMPL")
 _global.fallback(fallback.fallback, "PrivateUse1")

@@ -40,6 +40,13 @@ NEVER_FALLBACK = {
 CPU_INDICES_OK = {
     "aten::index.Tensor", "aten::index.Tensor_out", "aten::index_put_", "aten::index_put", "aten::_index_put_impl_"
 }
+# Operators whose meta kernel disagrees with their CPU kernel on output shapes or dtypes (the meta
+# kernels follow CUDA: e.g. eval-mode batch norm statistics of size C, not 0; float statistics for
+# bfloat16 inputs). The CPU kernel decides what they return: they take the synchronous path.
+CPU_DECIDES_OUTPUTS = {
+    "aten::native_batch_norm", "aten::_native_batch_norm_legit", "aten::_batch_norm_with_update",
+    "aten::native_layer_norm", "aten::_embedding_bag", "aten::_embedding_bag_forward_only",
+}
 # LITERALINCLUDE END: NEVER FALLBACK
 
 FRESH, VIEW, INPLACE = "fresh", "view", "inplace"
@@ -78,7 +85,7 @@ class OpInfo:
                 self.returns.append((INPLACE if r.alias_info.is_write else VIEW, arg))
         # Random ops are queued like any other: they draw from the generator when they run, and the
         # generator waits for queued work before the host seeds it or reads or sets its state.
-        self.sync_only = not tensor_only
+        self.sync_only = not tensor_only or schema.name in CPU_DECIDES_OUTPUTS
         self.out_names = self._out_overload_names(op)
 
     def _out_overload_names(self, op: torch._ops.OpOverload) -> list[str] | None:
@@ -462,7 +469,8 @@ def _run_sync(op, info: OpInfo, args, kwargs, tensors, device: torch.device) -> 
             real = info.value(args, kwargs, arg)
             name = info.arguments[arg].name
             if name in outs_by_name:
-                _match(real, r)
+                if real.size() != r.size():  # as resize_output: an out= of the right shape keeps its strides
+                    _match(real, r)
                 real.copy_(r)
             final.append(real)
     return _pack(final)
