@@ -136,14 +136,19 @@ def free(ptr: int) -> None:
     """Free device memory; released once no queued or running work names it."""
     if ptr == 0 or forked():
         return  # in a forked child the parent's memory is left alone
+    _free(ptr, DEVICE)
+# LITERALINCLUDE END: RUNTIME MALLOC
+
+
+def _free(ptr: int, kind: str) -> None:
+    """Mark a ``kind`` allocation freed; release it now unless queued work still names it."""
     with _lock:
         alloc = _allocs.get(ptr)
-        if alloc is None or alloc.kind != DEVICE or alloc.free_pending:
-            _raise_bad_free(ptr, alloc, DEVICE)
+        if alloc is None or alloc.kind != kind or alloc.free_pending:
+            _raise_bad_free(ptr, alloc, kind)
         alloc.free_pending = True
         if alloc.uses == 0:
             _release(alloc)
-# LITERALINCLUDE END: RUNTIME MALLOC
 
 
 def _raise_bad_free(ptr: int, alloc: Allocation | None, kind: str) -> None:
@@ -224,15 +229,8 @@ def host_malloc(size: int) -> int:
 
 def host_free(ptr: int) -> None:
     """Free pinned host memory (stream-ordered like :func:`free`)."""
-    if ptr == 0:
-        return
-    with _lock:
-        alloc = _allocs.get(ptr)
-        if alloc is None or alloc.kind != HOST or alloc.free_pending:
-            _raise_bad_free(ptr, alloc, HOST)
-        alloc.free_pending = True
-        if alloc.uses == 0:
-            _release(alloc)
+    if ptr:
+        _free(ptr, HOST)
 
 
 def pointer_attributes(ptr: int) -> PointerAttributes:
