@@ -98,6 +98,7 @@ def test_dropout_grads_match_cpu_math_with_same_mask():
     dev = [t.to(DEV).requires_grad_() for t in (q, k, v)]
     out, _, _, _, _, _, seed, _, _ = torch.ops.aten._scaled_dot_product_fused_attention_overrideable(
         *dev, dropout_p=p)
+    torch.openreg.synchronize()  # the kernel draws the seed on the stream, in order with other random work
     keep = _keep_mask(int(seed), (2, 3, 5, 7), p)
     cpu = [t.clone().requires_grad_() for t in (q, k, v)]
     expected, _ = torch.ops.aten._scaled_dot_product_attention_math(*cpu, None, p, False, keep)

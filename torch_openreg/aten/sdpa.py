@@ -53,31 +53,41 @@ def _softmax(scores):
 def attention_forward(query, key, value, attn_bias=None, dropout_p=0.0, is_causal=False, return_debug_mask=False,
                       scale=None):
     """``aten::_scaled_dot_product_fused_attention_overrideable`` for openreg tensors."""
-    B, H, L, _ = query.shape
-    S, Ev = key.size(-2), value.size(-1)
+    L, S, Ev = query.size(-2), key.size(-2), value.size(-1)
+    batch = torch.broadcast_shapes(query.shape[:-2], key.shape[:-2], value.shape[:-2])  # 3-D or 4-D, broadcast
     dev = query.device
-    seed = 0
-    if dropout_p > 0:  # drawn at the call, in program order with manual_seed (as random ops do)
-        gen = _C._cpu_generator(_C._default_generator(dev.index))
-        seed = int(torch.randint(0, 2**62, (), generator=gen))
-    out = torch.empty(B, H, L, Ev, dtype=query.dtype, device=dev)
-    lse = torch.empty(B, H, L, dtype=torch.float32, device=dev)
+    # The dropout seed is drawn by the kernel, on the stream, in order with the other random kernels
+    # (the generator drains queued work before the host touches it); the backward kernel reads it there.
+    seed_t = torch.zeros((), dtype=torch.int64)  # CPU scalars, as CUDA's philox seed/offset may be
+    gen = _C._cpu_generator(_C._default_generator(dev.index)) if dropout_p > 0 else None
+    out = torch.empty(*batch, L, Ev, dtype=query.dtype, device=dev)
+    lse = torch.empty(*batch, L, dtype=torch.float32, device=dev)
     tensors = [t for t in (out, lse, query, key, value, attn_bias) if t is not None]
     launch(dev.index, _forward_kernel, *[host_view(t) if t is not None else None
                                          for t in (out, lse, query, key, value, attn_bias)],
-           dropout_p, is_causal, scale, seed, tensors=tensors, name="sdpa_overrideable")
-    seed_t = torch.tensor(seed, dtype=torch.int64)  # CPU scalars, as CUDA's philox seed/offset may be
+           dropout_p, is_causal, scale, seed_t.data, gen, tensors=tensors, name="sdpa_overrideable")
+    # (``.data``: the kernel's write must not bump the version autograd saved seed_t at)
     offset_t = torch.tensor(0, dtype=torch.int64)
     debug = torch.empty(0, dtype=query.dtype, device=dev)
     return out, lse, None, None, L, S, seed_t, offset_t, debug
 
 
-def _forward_kernel(out, lse, q, k, v, bias, dropout_p, is_causal, scale, seed):
+def _wide(*tensors):
+    """float16/bfloat16 inputs are computed in float32, as the CPU's fused attention accumulates."""
+    return [t.float() if t is not None and t.dtype in (torch.float16, torch.bfloat16) else t for t in tensors]
+
+
+def _forward_kernel(out, lse, q, k, v, bias, dropout_p, is_causal, scale, seed_t, gen):
+    q, k, v, bias = _wide(q, k, v, bias)
     scores = _scores(q, k, bias, is_causal, scale)
     p = _softmax(scores)
     if dropout_p > 0:
-        p = p * _keep_mask(seed, p.shape, dropout_p) / (1 - dropout_p)
-    torch.matmul(p, v, out=out)
+        seed_t.fill_(int(torch.randint(0, 2**62, (), generator=gen)))
+        p = p * _keep_mask(int(seed_t), p.shape, dropout_p) / (1 - dropout_p)
+    if p.dtype == out.dtype:
+        torch.matmul(p, v, out=out)
+    else:
+        out.copy_(torch.matmul(p, v))
     lse.copy_(torch.logsumexp(scores.float(), dim=-1))
 
 
@@ -94,19 +104,20 @@ def attention_backward(grad_out, query, key, value, attn_bias, grad_input_mask, 
     inputs = (grad_out, query, key, value, attn_bias)
     launch(query.device.index, _backward_kernel, [host_view(g) for g in grads],
            *[host_view(t) if t is not None else None for t in inputs], dropout_p, is_causal, scale,
-           int(philox_seed), want_bias, tensors=[*grads, *(t for t in inputs if t is not None)],
+           philox_seed, want_bias, tensors=[*grads, *(t for t in inputs if t is not None)],
            name="sdpa_overrideable_backward")
     return tuple(grads)
 
 
-def _backward_kernel(grads, grad_out, q, k, v, bias, dropout_p, is_causal, scale, seed, want_bias):
+def _backward_kernel(grads, grad_out, q, k, v, bias, dropout_p, is_causal, scale, seed_t, want_bias):
     """The math path's gradients, written out (no autograd: a kernel may run on any thread,
     including one that is inside a dispatch below autograd)."""
     scale = scale if scale is not None else 1 / math.sqrt(q.size(-1))
+    grad_out, q, k, v, bias = _wide(grad_out, q, k, v, bias)
     p = _softmax(_scores(q, k, bias, is_causal, scale))
     dropped = p
     if dropout_p > 0:
-        keep = _keep_mask(seed, p.shape, dropout_p)
+        keep = _keep_mask(int(seed_t), p.shape, dropout_p)
         dropped = p * keep / (1 - dropout_p)
     grad_v = dropped.transpose(-2, -1) @ grad_out
     grad_dropped = grad_out @ v.transpose(-2, -1)
