@@ -20,8 +20,14 @@ def median_time(fn: Callable[[], object], repeat: int, number: int = 1) -> float
 
 
 # LITERALINCLUDE START: BENCH INTERLEAVED
-def interleaved(fns: dict[str, Callable[[], object]], repeat: int, number: int = 1) -> dict[str, float]:
-    """Median seconds per call of each function, with the repeats of all functions interleaved."""
+def interleaved(fns: dict[str, Callable[[], object]], repeat: int, number: int = 1,
+                after: dict[str, Callable[[], object]] | None = None) -> dict[str, float]:
+    """Median seconds per call of each function, with the repeats of all functions interleaved.
+
+    ``after[name]`` runs untimed after each timed block of ``name`` (e.g. draining queued device work, so
+    that it does not run during the next function's timing).
+    """
+    after = after or {}
     for fn in fns.values():
         fn()
     samples: dict[str, list[float]] = {name: [] for name in fns}
@@ -31,6 +37,8 @@ def interleaved(fns: dict[str, Callable[[], object]], repeat: int, number: int =
             for _ in range(number):
                 fn()
             samples[name].append((time.perf_counter() - start) / number)
+            if name in after:
+                after[name]()
     return {name: statistics.median(s) for name, s in samples.items()}
 # LITERALINCLUDE END: BENCH INTERLEAVED
 

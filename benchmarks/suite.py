@@ -125,7 +125,7 @@ def _step(model, opt, x, y, loss_fn) -> float:
 def measure(group: dict, repeat: int, number: int, with_sync: bool) -> list[tuple[str, float, float]]:
     rows = []
     for name, make in group.items():
-        t = interleaved(pair(make, with_sync=with_sync), repeat, number)
+        t = interleaved(pair(make, with_sync=with_sync), repeat, number, after={"openreg": sync})
         rows.append((name, t["openreg"], t["cpu"]))
     return rows
 
@@ -194,7 +194,7 @@ def _plot(rows: list[tuple[str, float]], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(9, 0.28 * len(rows) + 1.2))
-    names, ratios = [r[0] for r in rows], [r[1] for r in rows]
+    names, ratios = [r[0].split(" (")[0] for r in rows], [r[1] for r in rows]
     ax.barh(range(len(rows)), ratios, color=["tab:green" if r <= 1.15 else "tab:orange" for r in ratios])
     ax.set_yticks(range(len(rows)), names, fontsize=7)
     ax.invert_yaxis()

@@ -19,3 +19,14 @@ def test_memory_benchmark_quick_mode_reports_every_measurement():
     ratios = [float(line.split("|")[3]) for line in out.splitlines() if line.startswith("| H2D") or
               line.startswith("| D2H")]
     assert len(ratios) == 4 and all(r > 0 for r in ratios)
+
+
+def test_suite_quick_mode_runs_every_section():
+    proc = subprocess.run([sys.executable, "-m", "benchmarks", "--quick"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr
+    for section in ("## Small operators, launch only", "## Small operators, with synchronize", "## Large operators",
+                    "## Copy bandwidth", "## Training steps", "## Memory during training"):
+        assert section in proc.stdout, proc.stdout
+    for row in ("| add |", "| matmul 2048 |", "| conv2d |", "| H2D pinned |", "| Transformer"):
+        assert row in proc.stdout, proc.stdout
