@@ -39,24 +39,29 @@ def test_statistics_match_hand_computed_byte_counts():
     base = dev.memory_stats(0)
     a = torch.empty(1000, device="openreg")  # 4000 bytes -> one 4096-byte block (512-byte rounding)
     assert allocated() - base["allocated_bytes.all.current"] == 4096
-    b = torch.empty(3 * MB, dtype=torch.uint8, device="openreg")  # large pool, exact
+    b = torch.empty(4 * MB, dtype=torch.uint8, device="openreg")  # large pool: one exact 4 MiB segment
     stats = dev.memory_stats(0)
-    assert stats["allocated_bytes.all.current"] - base["allocated_bytes.all.current"] == 4096 + 3 * MB
+    assert stats["allocated_bytes.all.current"] - base["allocated_bytes.all.current"] == 4096 + 4 * MB
     assert stats["allocated_bytes.small_pool.current"] - base["allocated_bytes.small_pool.current"] == 4096
-    assert stats["allocated_bytes.large_pool.current"] - base["allocated_bytes.large_pool.current"] == 3 * MB
-    assert stats["requested_bytes.all.current"] - base["requested_bytes.all.current"] == 4000 + 3 * MB
+    assert stats["allocated_bytes.large_pool.current"] - base["allocated_bytes.large_pool.current"] == 4 * MB
+    assert stats["requested_bytes.all.current"] - base["requested_bytes.all.current"] == 4000 + 4 * MB
     assert stats["allocation.all.current"] - base["allocation.all.current"] == 2
-    # one 2 MiB small segment and one 20 MiB large segment were reserved
-    assert stats["reserved_bytes.all.current"] - base["reserved_bytes.all.current"] == 2 * MB + 20 * MB
+    # one 2 MiB small segment and one large segment of the request rounded up to 2 MiB were reserved
+    assert stats["reserved_bytes.all.current"] - base["reserved_bytes.all.current"] == 2 * MB + 4 * MB
     assert stats["segment.all.current"] - base["segment.all.current"] == 2
     assert dev.memory_reserved(0) == stats["reserved_bytes.all.current"]
     del a, b
     after = dev.memory_stats(0)
     assert after["allocated_bytes.all.current"] == base["allocated_bytes.all.current"]
-    assert after["allocated_bytes.all.freed"] - base["allocated_bytes.all.freed"] == 4096 + 3 * MB
+    assert after["allocated_bytes.all.freed"] - base["allocated_bytes.all.freed"] == 4096 + 4 * MB
     assert dev.memory_reserved(0) == stats["reserved_bytes.all.current"]  # cached, not returned
     dev.empty_cache()
     assert dev.memory_reserved(0) == base["reserved_bytes.all.current"]
+    # 3 MiB takes a whole 4 MiB segment: a large-pool remainder of 1 MiB or less is not split off (as CUDA)
+    c = torch.empty(3 * MB, dtype=torch.uint8, device="openreg")
+    assert dev.memory_allocated(0) - base["allocated_bytes.all.current"] == 4 * MB
+    assert dev.memory_stats(0)["requested_bytes.all.current"] - base["requested_bytes.all.current"] == 3 * MB
+    del c
 
 
 def test_freed_blocks_are_reused_without_driver_calls():
