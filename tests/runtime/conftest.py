@@ -7,8 +7,8 @@ that test) and checks that device memory is back where it was (nothing leaked).
 
 from __future__ import annotations
 
+import functools
 import os
-import subprocess
 import sys
 import threading
 from pathlib import Path
@@ -78,31 +78,9 @@ def gate(asynchronous):
 
 
 @pytest.fixture
-def run_python():
-    """Run ``code`` in a fresh interpreter with a clean OPENREG_* environment plus ``env``."""
-
-    def run(code: str, env: dict[str, str] | None = None, timeout: float = 30.0) -> subprocess.CompletedProcess:
-        full_env = {k: v for k, v in os.environ.items() if not k.startswith("OPENREG_")}
-        full_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-        full_env.update(env or {})
-        return subprocess.run(
-            [sys.executable, "-c", code],
-            env=full_env,
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            preexec_fn=_no_core_dumps,
-        )
-
-    return run
-
-
-def _no_core_dumps() -> None:
-    """Child processes that are meant to crash must not write core files."""
-    import resource
-
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+def run_python(run_python):
+    """The shared runner (tests/conftest.py), with this suite's 30 s default timeout."""
+    return functools.partial(run_python, timeout=30.0)
 
 
 @pytest.fixture

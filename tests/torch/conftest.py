@@ -7,9 +7,6 @@ synchronized, so a kernel error a test left unreported fails that test instead o
 from __future__ import annotations
 
 import gc
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -75,34 +72,6 @@ def asynchronous():
 def two_devices():
     if torch.openreg.device_count() < 2:
         pytest.skip("needs at least two openreg devices (OPENREG_DEVICE_COUNT >= 2)")
-
-
-def _no_core_dumps() -> None:
-    import resource
-
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-
-
-@pytest.fixture
-def run_python():
-    """Run ``code`` in a fresh interpreter (clean OPENREG_*/TORCH_DEVICE_BACKEND_AUTOLOAD env plus ``env``)."""
-
-    def run(code: str, env: dict[str, str] | None = None, timeout: float = 60.0) -> subprocess.CompletedProcess:
-        full_env = {
-            k: v for k, v in os.environ.items() if not k.startswith("OPENREG_") and k != "TORCH_DEVICE_BACKEND_AUTOLOAD"
-        }
-        full_env.update(env or {})
-        return subprocess.run(
-            [sys.executable, "-c", code],
-            env=full_env,
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            preexec_fn=_no_core_dumps,
-        )
-
-    return run
 
 
 @pytest.fixture
