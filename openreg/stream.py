@@ -32,6 +32,7 @@ from .errors import ErrorCode, OpenRegError
 LAUNCH_BLOCKING = os.environ.get("OPENREG_LAUNCH_BLOCKING", "0") not in ("", "0")
 
 _CLOSE_EVERY = 256  # buffers kept open by a busy stream before they are closed anyway
+_IDLE = 200e-6  # seconds without a launch before a stream's worker starts on queued work
 
 # Priorities follow CUDA: lower numbers are more urgent; 0 is the default.
 PRIORITY_LOW = 0
@@ -59,6 +60,8 @@ class _Queue:
         self.closed = False
         self.worker: threading.Thread | None = None
         self.open: list = []  # allocations finished items left open (closed when the queue drains)
+        self.idle = False  # the worker sleeps until a launch wakes it
+        self.last_launch = 0.0  # time.monotonic() of the last launch
 
     # LITERALINCLUDE START: STREAM RUN
     def run(self, item: _Item) -> None:
@@ -118,19 +121,38 @@ class _Queue:
             self.run(item)
     # LITERALINCLUDE END: STREAM WAIT
 
+    # LITERALINCLUDE START: STREAM SERVE
     def serve(self) -> None:
-        """The worker thread: run items in order until the stream is gone and drained."""
+        """The worker thread: run items in order until the stream is gone and drained.
+
+        The simulated device computes with the host's CPU cores, so a worker that runs while the
+        host thread is still launching competes with it for those cores (and for the GIL, and a
+        CPU kernel's OpenMP team slows down badly when one of its threads is preempted). So the
+        worker waits until launches pause for ``_IDLE`` seconds before it runs queued work: a
+        host that keeps launching is running ahead, as it would on a real device, and a host that
+        synchronizes runs the queue itself (:meth:`wait_for`).
+        """
         while True:
             with self.cond:
                 while self.busy or not self.items:
                     if self.closed and not self.items:
                         self.worker = None
                         return
+                    self.idle = True
                     self.cond.wait()
+                    self.idle = False
+            quiet = time.monotonic() - self.last_launch
+            if quiet < _IDLE:
+                time.sleep(_IDLE - quiet)
+                continue
+            with self.cond:
+                if self.busy or not self.items:
+                    continue  # a synchronizing caller took over
                 item = self.items.popleft()
                 self.busy = True
             self.run(item)
             del item
+    # LITERALINCLUDE END: STREAM SERVE
 
     def close(self) -> None:
         with self.cond:
@@ -175,10 +197,12 @@ class Stream:
             q.launched += 1
             seq = q.launched
             q.items.append(_Item(fn, args, allocs, name, seq))
+            q.last_launch = time.monotonic()
             if q.worker is None:
                 q.worker = threading.Thread(target=q.serve, name=f"openreg:{q.device} stream {q.id}", daemon=True)
                 q.worker.start()
-            q.cond.notify_all()
+            if q.idle:
+                q.cond.notify_all()
         if LAUNCH_BLOCKING:
             self.synchronize()
         return seq

@@ -94,8 +94,7 @@ class DeviceCachingAllocator:
             block.allocated, block.requested = True, size
             self.active[block.ptr] = block
             _owners[block.ptr] = self
-            self.stats.update(pool, ("allocation", 1), ("allocated_bytes", block.size), ("active", 1),
-                              ("active_bytes", block.size), ("requested_bytes", size))
+            self.stats.on_malloc(pool, block.size, size)
             return block.ptr
 
     def free(self, ptr: int) -> None:
@@ -104,8 +103,7 @@ class DeviceCachingAllocator:
             block = self.active.pop(ptr)
             del _owners[ptr]
             block.allocated = False
-            self.stats.update(block.pool, ("allocation", -1), ("allocated_bytes", -block.size),
-                              ("requested_bytes", -block.requested))
+            self.stats.on_free(block.pool, block.size, block.requested)
             if block.streams:
                 events = []
                 for stream in block.streams:
@@ -156,7 +154,7 @@ class DeviceCachingAllocator:
         self.free_blocks[block.ptr] = block
         if block.is_split:
             block.split_counted = True
-            self.stats.update(block.pool, ("inactive_split", 1), ("inactive_split_bytes", block.size))
+            self.stats.move("inactive_split", "inactive_split_bytes", block.pool, 1, block.size)
 
     def _remove_free(self, block: Block) -> None:
         entries = self.free_lists[(block.pool, block.stream)]
@@ -164,7 +162,7 @@ class DeviceCachingAllocator:
         del self.free_blocks[block.ptr]
         if block.split_counted:
             block.split_counted = False
-            self.stats.update(block.pool, ("inactive_split", -1), ("inactive_split_bytes", -block.size))
+            self.stats.move("inactive_split", "inactive_split_bytes", block.pool, -1, -block.size)
 
     def _split(self, block: Block, size: int) -> None:
         rest = Block(block.ptr + size, block.size - size, block.stream, block.pool)
@@ -176,7 +174,7 @@ class DeviceCachingAllocator:
 
     def _release(self, block: Block) -> None:
         """A block nobody uses any more: merge it with free neighbours and pool it."""
-        self.stats.update(block.pool, ("active", -1), ("active_bytes", -block.size))
+        self.stats.move("active", "active_bytes", block.pool, -1, -block.size)
         for neighbour in (block.prev, block.next):
             if neighbour is not None and neighbour.ptr in self.free_blocks:
                 self._remove_free(neighbour)

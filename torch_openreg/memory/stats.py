@@ -45,6 +45,17 @@ class Stats:
         self.counters = dict.fromkeys(COUNTERS, 0)
         self.oversize_allocations = Stat()
         self.oversize_segments = Stat()
+        # (stat, amount) for the hot events per pool; amount 0 means "the block size"
+        a = self.arrays
+        self._malloc_stats = [
+            [(a[n][p], k) for n, k in (("allocation", 1), ("allocated_bytes", 0), ("active", 1), ("active_bytes", 0))
+             for p in (ALL, pool)] for pool in (ALL, SMALL, LARGE)
+        ]
+        self._free_stats = [
+            [(a[n][p], k) for n, k in (("allocation", 1), ("allocated_bytes", 0)) for p in (ALL, pool)]
+            for pool in (ALL, SMALL, LARGE)
+        ]
+        self._requested = [(a["requested_bytes"][ALL], a["requested_bytes"][pool]) for pool in (ALL, SMALL, LARGE)]
 
     def add(self, name: str, pool: int, amount: int) -> None:
         """Change ``name`` by ``amount`` in ``pool`` and in the all-pools aggregate."""
@@ -53,19 +64,47 @@ class Stats:
         stats[pool].add(amount)
 
     def update(self, pool: int, *changes: tuple[str, int]) -> None:
-        """Apply several ``(name, amount)`` changes at once (the allocator's hot path: no per-stat calls)."""
+        """Apply several ``(name, amount)`` changes at once (for the allocator's rarer events)."""
         arrays = self.arrays
         for name, amount in changes:
             array = arrays[name]
-            for s in (array[ALL], array[pool]):
-                current = s.current + amount
-                s.current = current
-                if amount >= 0:
-                    s.allocated += amount
-                    if current > s.peak:
-                        s.peak = current
-                else:
-                    s.freed -= amount
+            array[ALL].add(amount)
+            array[pool].add(amount)
+
+    # LITERALINCLUDE START: STATS HOT PATH
+    # The allocator's two hot events, written out: one call per event instead of a loop over
+    # (name, amount) pairs, which cost more than the allocation itself.
+    def on_malloc(self, pool: int, size: int, requested: int) -> None:
+        """A block handed out: allocation, allocated/active bytes and requested bytes go up."""
+        for s, amount in self._malloc_stats[pool]:
+            current = s.current + (amount or size)
+            s.current = current
+            s.allocated += amount or size
+            if current > s.peak:
+                s.peak = current
+        for s in self._requested[pool]:
+            s.current += requested
+            s.allocated += requested
+            if s.current > s.peak:
+                s.peak = s.current
+
+    def on_free(self, pool: int, size: int, requested: int) -> None:
+        """A block given back by its tensor: allocation, allocated bytes and requested bytes go down."""
+        for s, amount in self._free_stats[pool]:
+            s.current -= amount or size
+            s.freed += amount or size
+        for s in self._requested[pool]:
+            s.current -= requested
+            s.freed += requested
+
+    def move(self, count_name: str, bytes_name: str, pool: int, count: int, size: int) -> None:
+        """Move a count statistic and its bytes twin (``active``/``active_bytes``, ...) together."""
+        counts, sizes = self.arrays[count_name], self.arrays[bytes_name]
+        counts[ALL].add(count)
+        counts[pool].add(count)
+        sizes[ALL].add(size)
+        sizes[pool].add(size)
+    # LITERALINCLUDE END: STATS HOT PATH
 
     def reset_peak(self) -> None:
         for stats in self.arrays.values():
