@@ -48,7 +48,8 @@ def _check(dst: int, src: int, nbytes: int, kind: MemcpyKind) -> tuple[Stream, t
     dst_alloc = _side(dst, nbytes, kind in (MemcpyKind.HOST_TO_DEVICE, MemcpyKind.DEVICE_TO_DEVICE), "destination")
     src_alloc = _side(src, nbytes, kind in (MemcpyKind.DEVICE_TO_HOST, MemcpyKind.DEVICE_TO_DEVICE), "source")
     device_side = src_alloc if kind == MemcpyKind.DEVICE_TO_HOST else dst_alloc
-    buffers = tuple(a.ptr for a in (dst_alloc, src_alloc) if a is not None)
+    # extents, not whole allocations: a copy opens only the pages it touches
+    buffers = tuple((p, nbytes) for p, a in ((dst, dst_alloc), (src, src_alloc)) if a is not None)
     device = device_side.device if device_side is not None else None
     return current_stream(device), buffers
 

@@ -1,9 +1,9 @@
 """Device and pinned host memory of the simulated accelerator.
 
 Device memory is real memory the host cannot touch: every allocation is its own
-page-aligned anonymous mapping kept at ``PROT_NONE``. A kernel or copy that
-names an allocation gets read/write access only while it runs (reference
-counted, so concurrent kernels on different streams can share a buffer). Host
+page-aligned shared-memory mapping kept at ``PROT_NONE``. A kernel or copy gets
+read/write access to the pages it names only while it runs (reference counted,
+so concurrent kernels on different streams can share a buffer). Host
 code that dereferences a device pointer outside a kernel faults at once; the
 fault reporter (``openreg.fault``) names the allocation it hit.
 
@@ -40,7 +40,7 @@ class Allocation:
     kind: str
     device: int | None
     uses: int = 0  # launches queued or running that name this allocation
-    access: int = 0  # launches currently holding host access
+    open: dict = field(default_factory=dict)  # (first byte, end byte) -> kernels holding those pages open
     free_pending: bool = field(default=False)
     fd: int = -1  # the shared-memory file behind device memory (what IPC hands to other processes)
     imported: bool = False  # mapped from another process's export
@@ -254,11 +254,20 @@ def mem_get_info(device: int) -> tuple[int, int]:
 
 
 # LITERALINCLUDE START: RUNTIME ACCESS
-def acquire(ptrs: tuple[int, ...] | list[int]) -> list[Allocation]:
-    """Pin the allocations a launch names, at launch time: they cannot be released before it ends."""
-    allocs = []
+Span = tuple  # (allocation, first byte, end byte): page-aligned pages of one allocation a launch names
+
+
+def acquire(buffers: tuple | list) -> list[Span]:
+    """Pin what a launch names, at launch time: the allocations cannot be released before it ends.
+
+    A buffer is a pointer (the whole allocation it points into) or a ``(pointer, nbytes)`` extent
+    (only the pages those bytes lie on). Opening only the pages a kernel names keeps the cost of
+    ``mprotect``, which grows with the number of pages, proportional to what the kernel touches.
+    """
+    spans = []
     with _lock:
-        for ptr in ptrs:
+        for buffer in buffers:
+            ptr, nbytes = (buffer, None) if isinstance(buffer, int) else buffer
             if not ptr:
                 continue
             alloc = find(ptr)
@@ -266,35 +275,86 @@ def acquire(ptrs: tuple[int, ...] | list[int]) -> list[Allocation]:
                 raise OpenRegError(
                     ErrorCode.INVALID_POINTER, f"launch names 0x{ptr:x}, which is not live openreg memory"
                 )
+            if nbytes is None:
+                lo, hi = alloc.ptr, alloc.ptr + alloc.mapped
+            else:
+                if nbytes < 0 or ptr + nbytes > alloc.ptr + alloc.size:
+                    raise OpenRegError(
+                        ErrorCode.INVALID_VALUE,
+                        f"launch names {nbytes} bytes at 0x{ptr:x}, beyond the allocation at 0x{alloc.ptr:x} "
+                        f"of {alloc.size} bytes",
+                    )
+                lo = alloc.ptr + (ptr - alloc.ptr) // _libc.PAGE * _libc.PAGE
+                hi = min(alloc.ptr + alloc.mapped, _libc.round_up(ptr + max(nbytes, 1) - alloc.ptr) + alloc.ptr)
             alloc.uses += 1
-            allocs.append(alloc)
-    return allocs
+            spans.append((alloc, lo, hi))
+    return spans
 
 
-def grant(allocs: list[Allocation]) -> None:
-    """Open device allocations to the host for the duration of a kernel or copy."""
+def _merged(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The union of address ranges, as sorted disjoint ranges (touching ones joined)."""
+    out: list[tuple[int, int]] = []
+    for lo, hi in sorted(ranges):
+        if out and lo <= out[-1][1]:
+            if hi > out[-1][1]:
+                out[-1] = (out[-1][0], hi)
+        else:
+            out.append((lo, hi))
+    return out
+
+
+def _minus(ranges: list[tuple[int, int]], holes: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Sorted disjoint ``ranges`` without the sorted disjoint ``holes``."""
+    out = []
+    for lo, hi in ranges:
+        for hlo, hhi in holes:
+            if hhi <= lo or hlo >= hi:
+                continue
+            if hlo > lo:
+                out.append((lo, hlo))
+            lo = max(lo, hhi)
+            if lo >= hi:
+                break
+        if lo < hi:
+            out.append((lo, hi))
+    return out
+
+
+def grant(spans: list[Span]) -> None:
+    """Open the named pages to the host for the duration of a kernel or copy (reference counted)."""
     with _lock:
-        for alloc in allocs:
+        todo = []
+        for alloc, lo, hi in spans:
             if alloc.kind == DEVICE:
-                if alloc.access == 0:
-                    _libc.protect(alloc.ptr, alloc.mapped, _libc.PROT_RW)
-                alloc.access += 1
+                count = alloc.open.get((lo, hi), 0)
+                if count == 0:
+                    todo.append((lo, hi))
+                alloc.open[(lo, hi)] = count + 1
+        for lo, hi in _merged(todo):
+            _libc.protect(lo, hi - lo, _libc.PROT_RW)
 
 
-def revoke(allocs: list[Allocation]) -> None:
-    """Close allocations again after a kernel, and release those freed meanwhile."""
+def revoke(spans: list[Span]) -> None:
+    """Close the pages again, except those another running kernel still has open."""
     with _lock:
-        for alloc in allocs:
+        closed: dict[int, tuple[Allocation, list]] = {}
+        for alloc, lo, hi in spans:
             if alloc.kind == DEVICE:
-                alloc.access -= 1
-                if alloc.access == 0:
-                    _libc.protect(alloc.ptr, alloc.mapped, _libc.PROT_NONE)
+                count = alloc.open[(lo, hi)] - 1
+                if count:
+                    alloc.open[(lo, hi)] = count
+                else:
+                    del alloc.open[(lo, hi)]
+                    closed.setdefault(alloc.ptr, (alloc, []))[1].append((lo, hi))
+        for alloc, ranges in closed.values():
+            for lo, hi in _minus(_merged(ranges), _merged(list(alloc.open))):
+                _libc.protect(lo, hi - lo, _libc.PROT_NONE)
 
 
-def release(allocs: list[Allocation]) -> None:
+def release(spans: list[Span]) -> None:
     """Undo :func:`acquire` once a launch has finished (or was dropped)."""
     with _lock:
-        for alloc in allocs:
+        for alloc, _, _ in spans:
             alloc.uses -= 1
             if alloc.uses == 0 and alloc.free_pending:
                 _release(alloc)

@@ -40,10 +40,10 @@ PRIORITY_HIGH = -1
 
 
 class _Item:
-    __slots__ = ("fn", "args", "allocs", "name", "seq")
+    __slots__ = ("fn", "args", "spans", "name", "seq")
 
-    def __init__(self, fn: Callable[..., Any], args: tuple, allocs: list, name: str, seq: int) -> None:
-        self.fn, self.args, self.allocs, self.name, self.seq = fn, args, allocs, name, seq
+    def __init__(self, fn: Callable[..., Any], args: tuple, spans: list, name: str, seq: int) -> None:
+        self.fn, self.args, self.spans, self.name, self.seq = fn, args, spans, name, seq
 
 
 class _Queue:
@@ -74,8 +74,8 @@ class _Queue:
         """
         started = time.perf_counter_ns()
         try:
-            memory.grant(item.allocs)
-            self.open.extend(item.allocs)
+            memory.grant(item.spans)
+            self.open.extend(item.spans)
             item.fn(*item.args)
         except BaseException as exc:  # noqa: BLE001 - any kernel failure becomes a device fault
             if self.error is None:
@@ -184,19 +184,19 @@ class Stream:
 
     # LITERALINCLUDE START: STREAM LAUNCH
     def launch(self, fn: Callable[..., Any], *args: Any, buffers: tuple | list = (), name: str = "kernel") -> int:
-        """Queue ``fn(*args)``; ``buffers`` are the openreg pointers it may touch.
+        """Queue ``fn(*args)``; ``buffers`` are what it may touch: pointers or ``(pointer, nbytes)`` extents.
 
         Returns the launch's sequence number on this stream. The buffers are pinned
         at once (a free before the work ends is deferred) and opened to the host
         only while ``fn`` runs.
         """
         start()
-        allocs = memory.acquire(buffers)
+        spans = memory.acquire(buffers)
         q = self._q
         with q.cond:
             q.launched += 1
             seq = q.launched
-            q.items.append(_Item(fn, args, allocs, name, seq))
+            q.items.append(_Item(fn, args, spans, name, seq))
             q.last_launch = time.monotonic()
             if q.worker is None:
                 q.worker = threading.Thread(target=q.serve, name=f"openreg:{q.device} stream {q.id}", daemon=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import mmap
 import time
 
 import pytest
@@ -228,6 +229,56 @@ def test_device_memory_is_protected_outside_kernels(host_prot):
         openreg.synchronize()
         assert inside == ["rw-s"]
         assert host_prot(p) == "---s"  # closed again after the kernel
+    finally:
+        openreg.free(p)
+
+
+def test_an_extent_opens_only_its_pages(host_prot):
+    """A launch naming ``(ptr, nbytes)`` opens the pages those bytes lie on, not the whole allocation."""
+    page = mmap.PAGESIZE
+    p = openreg.malloc(4 * page)
+    try:
+        inside = []
+        extent = (p + page + 8, page)  # straddles pages 1 and 2
+        openreg.launch(lambda: inside.append([host_prot(p + i * page) for i in range(4)]), buffers=[extent])
+        openreg.synchronize()
+        assert inside == [["---s", "rw-s", "rw-s", "---s"]]
+        assert [host_prot(p + i * page) for i in range(4)] == ["---s"] * 4
+    finally:
+        openreg.free(p)
+
+
+def test_overlapping_extents_on_two_streams_are_reference_counted(gate, host_prot):
+    """The first kernel to finish closes only the pages no running kernel still names."""
+    page = mmap.PAGESIZE
+    p = openreg.malloc(3 * page)
+    seen = {}
+    try:
+        a, b = openreg.Stream(), openreg.Stream()
+
+        def long_kernel():
+            gate.wait()
+            seen["long"] = [host_prot(p + i * page) for i in range(3)]
+
+        a.launch(long_kernel, buffers=[(p, 2 * page)])  # pages 0 and 1
+        b.launch(lambda: None, buffers=[(p + page, 2 * page)])  # pages 1 and 2
+        b.synchronize()
+        seen["between"] = [host_prot(p + i * page) for i in range(3)]
+        gate.open()
+        a.synchronize()
+        assert seen == {"between": ["rw-s", "rw-s", "---s"], "long": ["rw-s", "rw-s", "---s"]}
+        assert [host_prot(p + i * page) for i in range(3)] == ["---s"] * 3
+    finally:
+        openreg.free(p)
+
+
+def test_an_extent_beyond_its_allocation_fails_at_launch():
+    p = openreg.malloc(100)
+    try:
+        raises(ErrorCode.INVALID_VALUE, openreg.launch, lambda: None, buffers=[(p + 50, 51)])
+        raises(ErrorCode.INVALID_VALUE, openreg.launch, lambda: None, buffers=[(p, -1)])
+        openreg.launch(lambda: None, buffers=[(p + 50, 50)])  # up to the last byte is fine
+        openreg.synchronize()
     finally:
         openreg.free(p)
 

@@ -73,8 +73,8 @@ class _Kernel:
 def launch(device: int, fn: Callable[..., Any], *args: Any, tensors: tuple | list, name: str) -> tuple:
     """Queue ``fn(*args)`` on ``device``'s current stream; returns ``(stream, seq)``."""
     stream = openreg.current_stream(device)
-    buffers = [storage_ptr(t) for t in tensors if t.get_device() >= 0]  # CPU scalars/indices: host memory
-    return stream, stream.launch(_Kernel(fn, args), buffers=buffers, name=name)
+    # the storages' extents: the runtime opens only their pages while the kernel runs
+    return stream, stream.launch(_Kernel(fn, args), buffers=_C._extents(tensors), name=name)
 
 
 def run_sync(device: int, fn: Callable[..., Any], *args: Any, tensors: tuple | list, name: str) -> Any:

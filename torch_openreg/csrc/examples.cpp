@@ -42,7 +42,7 @@ void launch(c10::DeviceIndex device, std::function<void()> kernel, const std::ve
   py::gil_scoped_acquire gil;
   py::list buffers;
   for (const auto& t : tensors) {
-    buffers.append(reinterpret_cast<uintptr_t>(t.storage().data()));
+    buffers.append(py::make_tuple(reinterpret_cast<uintptr_t>(t.storage().data()), t.storage().nbytes()));
   }
   py::cpp_function fn([kernel = std::move(kernel)]() {
     py::gil_scoped_release nogil; // the kernel is pure C++: let other streams' Python kernels run

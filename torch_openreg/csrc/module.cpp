@@ -65,6 +65,20 @@ PYBIND11_MODULE(_C, m) {
   m.def("_ipc_tensor", &openreg::ipc_tensor, "uint8 openreg tensor over memory mapped from another process");
   m.def("_storage_base", [](const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.storage().data()); },
         "device pointer of a tensor's storage (what kernels name as their buffers)");
+  // LITERALINCLUDE START: EXTENTS
+  m.def(
+      "_extents",
+      [](const std::vector<at::Tensor>& tensors) {
+        py::list out;
+        for (const auto& t : tensors) {
+          if (!t.defined() || !t.device().is_privateuseone()) continue; // CPU scalars and indices: host memory
+          const auto& storage = t.storage();
+          out.append(py::make_tuple(reinterpret_cast<uintptr_t>(storage.data()), storage.nbytes()));
+        }
+        return out;
+      },
+      "(storage base, storage bytes) of each openreg tensor: the extents a launch names");
+  // LITERALINCLUDE END: EXTENTS
   m.def("_set_backend_meta", &openreg::set_backend_meta, "attach openreg backend metadata (a format number)");
   m.def("_get_backend_meta", &openreg::get_backend_meta, "the openreg backend metadata of a tensor, or None");
   m.def("_copy_backend_meta", &openreg::copy_backend_meta, "clone src's backend metadata onto dst");
