@@ -7,11 +7,14 @@ in-place ops return their input, ``out=`` writes where asked, data-dependent sha
 
 from __future__ import annotations
 
+import threading
 import warnings
 
 import pytest
 import torch
 import torch.nn.functional as F
+
+import openreg
 
 DEV = torch.device("openreg", 0)
 
@@ -234,6 +237,49 @@ def test_batch_norm_training_updates_running_stats():
 
 def test_batch_norm_eval():
     check(lambda x, m, v: F.batch_norm(x, m, v, training=False), IMG, torch.randn(3), torch.rand(3) + 0.5)
+
+
+@pytest.mark.parametrize("dtype, param_dtype", [(torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16),
+                                                (torch.bfloat16, torch.float32), (torch.float16, None)])
+@pytest.mark.parametrize("training", [True, False])
+def test_normalization_statistics_match_the_cpu_and_stay_asynchronous(dtype, param_dtype, training):
+    """Batch and layer norm return the CPU kernel's statistics (dtype, and empty ones when not training),
+    without synchronizing: a gate kernel holds the stream while they are called."""
+    x = torch.randn(4, 3, 5, 5).to(dtype)
+    stats_dtype = param_dtype or dtype  # (the CPU kernel needs running statistics when not training)
+    affine = [None, None] if param_dtype is None else [torch.randn(3).to(param_dtype), torch.randn(3).to(param_dtype)]
+    params = [*affine, torch.zeros(3).to(stats_dtype), (torch.rand(3) + 0.5).to(stats_dtype)]
+    ln_w = None if param_dtype is None else torch.randn(5).to(param_dtype)
+    cpu_bn = torch.ops.aten.native_batch_norm(x, *[p.clone() if p is not None else None for p in params],
+                                              training, 0.1, 1e-5)
+    cpu_ln = torch.ops.aten.native_layer_norm(x, [5], ln_w, None, 1e-5)
+    dx, dln_w = x.to(DEV), ln_w.to(DEV) if ln_w is not None else None
+    dparams = [p.to(DEV) if p is not None else None for p in params]
+    torch.openreg.synchronize()
+    gate = threading.Event()
+    timer = threading.Timer(10.0, gate.set)  # a synchronizing operator would wait for this
+    timer.start()
+    openreg.current_stream(0).launch(gate.wait, name="gate")
+    try:
+        bn = torch.ops.aten.native_batch_norm(dx, *dparams, training, 0.1, 1e-5)
+        ln = torch.ops.aten.native_layer_norm(dx, [5], dln_w, None, 1e-5)
+        assert not gate.is_set(), "a normalization waited for the stream"
+    finally:
+        gate.set()
+        timer.cancel()
+    for got, expected in zip((*bn, *ln), (*cpu_bn, *cpu_ln)):
+        assert (got.dtype, got.shape) == (expected.dtype, expected.shape)
+        torch.testing.assert_close(got.cpu(), expected)
+
+
+def test_relu_computes_like_the_cpu():
+    x = torch.randn(6, 7)
+    x[0, :3] = torch.tensor([0.0, -0.0, float("nan")])
+    for t in (x, torch.randint(-4, 5, (9,)), x.to(torch.bfloat16)):
+        torch.testing.assert_close(torch.relu(t.to(DEV)).cpu(), torch.relu(t), equal_nan=True)
+        inplace = t.to(DEV)
+        assert inplace.relu_() is inplace
+        torch.testing.assert_close(inplace.cpu(), torch.relu(t), equal_nan=True)
 
 
 def test_normalization_and_pooling():

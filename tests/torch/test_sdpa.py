@@ -140,3 +140,28 @@ def test_fully_masked_row_and_half_precision():
         got = F.scaled_dot_product_attention(qh.to(DEV), kh.to(DEV), vh.to(DEV), is_causal=True)
         assert got.dtype == dtype
         torch.testing.assert_close(got.cpu(), expected, rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"is_causal": True}, {"attn_mask": "float"}, {"attn_mask": "bool"}])
+def test_where_the_cpu_uses_flash_so_does_openreg_bit_for_bit(kwargs, launches):
+    """4-D attention without dropout: both directions run the CPU's own flash kernel, so the results are
+    identical to CPU eager's, not just close."""
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(2, 4, 16, 8, generator=g) for _ in range(3))
+    mask = kwargs.get("attn_mask")
+    if mask == "float":
+        kwargs = {"attn_mask": torch.randn(16, 16, generator=g)}
+    elif mask == "bool":
+        kwargs = {"attn_mask": torch.rand(16, 16, generator=g) > 0.2}
+    assert torch._fused_sdp_choice(q, k, v, kwargs.get("attn_mask"), 0.0, kwargs.get("is_causal", False)) == 1
+    cpu = [t.clone().requires_grad_() for t in (q, k, v)]
+    dev = [t.to(DEV).requires_grad_() for t in (q, k, v)]
+    dev_kwargs = {n: (a.to(DEV) if isinstance(a, torch.Tensor) else a) for n, a in kwargs.items()}
+    expected = F.scaled_dot_product_attention(*cpu, **kwargs)
+    got = F.scaled_dot_product_attention(*dev, **dev_kwargs)
+    grad = torch.randn(expected.shape, generator=g)
+    expected.backward(grad)
+    got.backward(grad.to(DEV))
+    torch.testing.assert_close(got.cpu(), expected, rtol=0, atol=0)
+    for a, b in zip(cpu, dev):
+        torch.testing.assert_close(b.grad.cpu(), a.grad, rtol=0, atol=0)

@@ -33,6 +33,11 @@ for _key in ("Conjugate", "Negative"):
 for _name in ("native_layer_norm", "native_group_norm", "addr"):
     _aten.impl(_name, functools.partial(fallback.fallback, getattr(torch.ops.aten, _name).default), "PrivateUse1")
 
+# The CPU computes relu as clamp_min(x, 0); relu's out= kernel, which the fallback would pick, is a
+# slower generic loop (3x on a 32 MiB activation). Route relu the way the CPU does.
+_aten.impl("relu", lambda x: fallback.fallback(torch.ops.aten.clamp_min.default, x, 0), "PrivateUse1")
+_aten.impl("relu_", lambda x: fallback.fallback(torch.ops.aten.clamp_min_.default, x, 0), "PrivateUse1")
+
 _global = torch.library.Library("_", "IMPL")
 _global.fallback(fallback.fallback, "PrivateUse1")
 # LITERALINCLUDE END: REGISTER PYTHON KERNELS

@@ -43,10 +43,11 @@ CPU_INDICES_OK = {
 # Operators whose meta kernel disagrees with their CPU kernel on output shapes or dtypes (the meta
 # kernels follow CUDA: e.g. eval-mode batch norm statistics of size C, not 0; float statistics for
 # bfloat16 inputs). The CPU kernel decides what they return: they take the synchronous path.
-CPU_DECIDES_OUTPUTS = {
-    "aten::native_batch_norm", "aten::_native_batch_norm_legit", "aten::_batch_norm_with_update",
-    "aten::native_layer_norm", "aten::_embedding_bag", "aten::_embedding_bag_forward_only",
-}
+CPU_DECIDES_OUTPUTS = {"aten::_batch_norm_with_update", "aten::_embedding_bag", "aten::_embedding_bag_forward_only"}
+# Normalizations whose statistics outputs (1 and 2) the CPU kernel shapes its own way: in the input's
+# dtype unless a reduced-precision input meets float32 parameters, and empty when not training. The
+# meta run's outputs are corrected by that rule (``_cpu_statistics``), so they stay asynchronous.
+CPU_STATISTICS = {"aten::native_batch_norm", "aten::_native_batch_norm_legit", "aten::native_layer_norm"}
 # LITERALINCLUDE END: NEVER FALLBACK
 
 FRESH, VIEW, INPLACE = "fresh", "view", "inplace"
@@ -86,26 +87,32 @@ class OpInfo:
         # Random ops are queued like any other: they draw from the generator when they run, and the
         # generator waits for queued work before the host seeds it or reads or sets its state.
         self.sync_only = not tensor_only or schema.name in CPU_DECIDES_OUTPUTS
+        self.cpu_statistics = schema.name in CPU_STATISTICS
         self.out_names = self._out_overload_names(op)
 
     def _out_overload_names(self, op: torch._ops.OpOverload) -> list[str] | None:
         """Names of the ``out=`` arguments of this functional op's out overload, if it has one."""
         if not self.returns or any(kind != FRESH for kind, _ in self.returns) or self.mutates:
             return None
-        overload = op._schema.overload_name
-        candidate = "out" if overload in ("", "default") else f"{overload}_out"
-        out_op = getattr(op.overloadpacket, candidate, None)
-        if out_op is None:
-            return None
-        out_args = out_op._schema.arguments
-        names = [a.name for a in out_args if a.kwarg_only and a.alias_info and a.alias_info.is_write]
-        inputs = [(a.name, str(a.type)) for a in out_args if a.name not in names]
-        if inputs != [(a.name, str(a.type)) for a in op._schema.arguments] or len(names) != len(self.returns):
-            return None
         if any(str(r.type) != "Tensor" for r in op._schema.returns):
             return None
-        self.out_op = out_op
-        return names
+        # The out= overload is usually "out" or "<overload>_out", but some are named after their
+        # output ("threshold_backward.grad_input"): any overload with the same inputs plus one
+        # keyword-only written tensor per return qualifies, the conventional names first.
+        packet, overload = op.overloadpacket, op._schema.overload_name
+        first = "out" if overload in ("", "default") else f"{overload}_out"
+        inputs = [(a.name, str(a.type)) for a in op._schema.arguments]
+        for candidate in [first, *(o for o in packet.overloads() if o != first)]:
+            out_op = getattr(packet, candidate, None)
+            if out_op is None or out_op is op:
+                continue
+            out_args = out_op._schema.arguments
+            names = [a.name for a in out_args if a.kwarg_only and a.alias_info and a.alias_info.is_write]
+            rest = [(a.name, str(a.type)) for a in out_args if a.name not in names]
+            if names and rest == inputs and len(names) == len(self.returns):
+                self.out_op = out_op
+                return names
+        return None
 
     def value(self, args: tuple, kwargs: dict, index: int) -> Any:
         if index < len(args):
@@ -254,12 +261,35 @@ def _meta_outputs(op, info: OpInfo, args: tuple, kwargs: dict, device: torch.dev
         return _meta_cache[key]
     meta_args, meta_kwargs = _swap(args, kwargs, info, device, _to_meta, "meta")
     meta = op(*meta_args, **meta_kwargs)
+    if info.cpu_statistics:
+        meta = _cpu_statistics(info, args, kwargs, meta)
     if key is not None:
         if len(_meta_cache) >= _META_CACHE_SIZE:
             _meta_cache.clear()
         _meta_cache[key] = meta
     return meta
 # LITERALINCLUDE END: META CACHE
+
+
+# LITERALINCLUDE START: CPU STATISTICS
+_REDUCED = (torch.bfloat16, torch.float16)
+
+
+def _cpu_statistics(info: OpInfo, args: tuple, kwargs: dict, meta: tuple) -> tuple:
+    """The outputs of a CPU batch or layer norm: the meta kernel describes CUDA's statistics.
+
+    The CPU kernels keep statistics in the parameters' type: float32 only for a reduced-precision
+    input with float32 weights or running statistics (a "mixed" call), else the input's dtype; and a
+    batch norm that is not training returns empty statistics.
+    """
+    tensors = [t for t in _tensors(args, kwargs)]
+    x, params = tensors[0], tensors[1:]
+    mixed = x.dtype in _REDUCED and any(p.dtype == torch.float32 for p in params)
+    dtype = torch.float32 if mixed else x.dtype
+    training = info.value(args, kwargs, info.positions["training"]) if "training" in info.positions else True
+    stats = [torch.empty(m.shape if training else (0,), dtype=dtype, device="meta") for m in meta[1:3]]
+    return (meta[0], *stats, *meta[3:])
+# LITERALINCLUDE END: CPU STATISTICS
 
 
 _NUMBERS = (bool, int, float, complex)

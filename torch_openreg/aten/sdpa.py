@@ -3,8 +3,10 @@
 For a PrivateUse1 query, ``scaled_dot_product_attention`` asks ``_fused_sdp_choice_stub`` which
 backend to use; the bridge answers ``overrideable`` (``csrc/examples.cpp``), so PyTorch calls
 ``aten::_scaled_dot_product_fused_attention_overrideable`` and, in backward, its ``_backward``.
-Both kernels here are launches that compute PyTorch's math path (its formulas, in CPU
-operators) over host views. Dropout draws a
+Both kernels here are launches over host views. Where the CPU would use its fused flash kernel
+(``_fused_sdp_choice`` asked with host views of the inputs: no dropout, 4-D inputs, ...), they call
+that kernel, so openreg computes exactly what the CPU computes, as fast; otherwise they compute
+PyTorch's math path (its formulas, in CPU operators). Dropout draws a
 seed from the device's generator at the call; forward and backward rebuild the same keep-mask
 from it, so backward sees exactly the dropout forward applied.
 """
@@ -49,6 +51,32 @@ def _softmax(scores):
     return torch.ops.aten._safe_softmax.default(scores, -1)
 
 
+# LITERALINCLUDE START: SDPA FLASH
+def _cpu_uses_flash(query, key, value, attn_bias, dropout_p, is_causal, scale) -> bool:
+    """Whether CPU eager would run this attention with its flash kernel (asked of PyTorch's own choice)."""
+    if dropout_p > 0:
+        return False  # the math path's dropout mask is the one both directions rebuild from the seed
+    views = [host_view(t) if t is not None else None for t in (query, key, value, attn_bias)]  # metadata only
+    return torch.ops.aten._fused_sdp_choice.default(*views, 0.0, is_causal, scale=scale) == 1  # SDPBackend.flash
+
+
+_FLASH = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
+_FLASH_BACKWARD = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default
+
+
+def _flash_forward_kernel(out, lse, q, k, v, bias, is_causal, scale) -> None:
+    o, logsumexp = _FLASH(q, k, v, 0.0, is_causal, attn_mask=bias, scale=scale)
+    out.copy_(o)
+    lse.copy_(logsumexp)
+
+
+def _flash_backward_kernel(grads, grad_out, q, k, v, bias, out, lse, is_causal, scale) -> None:
+    for view, g in zip(grads, _FLASH_BACKWARD(grad_out, q, k, v, out, lse, 0.0, is_causal, attn_mask=bias,
+                                              scale=scale)):
+        view.copy_(g)
+# LITERALINCLUDE END: SDPA FLASH
+
+
 # LITERALINCLUDE START: SDPA FORWARD
 def attention_forward(query, key, value, attn_bias=None, dropout_p=0.0, is_causal=False, return_debug_mask=False,
                       scale=None):
@@ -63,9 +91,14 @@ def attention_forward(query, key, value, attn_bias=None, dropout_p=0.0, is_causa
     out = torch.empty(*batch, L, Ev, dtype=query.dtype, device=dev)
     lse = torch.empty(*batch, L, dtype=torch.float32, device=dev)
     tensors = [t for t in (out, lse, query, key, value, attn_bias) if t is not None]
-    launch(dev.index, _forward_kernel, *[host_view(t) if t is not None else None
-                                         for t in (out, lse, query, key, value, attn_bias)],
-           dropout_p, is_causal, scale, seed_t.data, gen, tensors=tensors, name="sdpa_overrideable")
+    if _cpu_uses_flash(query, key, value, attn_bias, dropout_p, is_causal, scale):
+        launch(dev.index, _flash_forward_kernel, *[host_view(t) if t is not None else None
+                                                   for t in (out, lse, query, key, value, attn_bias)],
+               is_causal, scale, tensors=tensors, name="sdpa_overrideable")
+    else:
+        launch(dev.index, _forward_kernel, *[host_view(t) if t is not None else None
+                                             for t in (out, lse, query, key, value, attn_bias)],
+               dropout_p, is_causal, scale, seed_t.data, gen, tensors=tensors, name="sdpa_overrideable")
     # (``.data``: the kernel's write must not bump the version autograd saved seed_t at)
     offset_t = torch.tensor(0, dtype=torch.int64)
     debug = torch.empty(0, dtype=query.dtype, device=dev)
@@ -102,6 +135,12 @@ def attention_backward(grad_out, query, key, value, attn_bias, grad_input_mask, 
     want_bias = attn_bias is not None and attn_bias.is_floating_point() and grad_input_mask[3]
     grads.append(torch.empty_like(attn_bias) if want_bias else torch.empty(0, device=query.device))
     inputs = (grad_out, query, key, value, attn_bias)
+    if not want_bias and _cpu_uses_flash(query, key, value, attn_bias, dropout_p, is_causal, scale):
+        launch(query.device.index, _flash_backward_kernel, [host_view(g) for g in grads[:3]],
+               *[host_view(t) if t is not None else None for t in (*inputs, out, logsumexp)], is_causal, scale,
+               tensors=[*grads, *(t for t in (*inputs, out, logsumexp) if t is not None)],
+               name="sdpa_overrideable_backward")
+        return tuple(grads)
     launch(query.device.index, _backward_kernel, [host_view(g) for g in grads],
            *[host_view(t) if t is not None else None for t in inputs], dropout_p, is_causal, scale,
            philox_seed, want_bias, tensors=[*grads, *(t for t in inputs if t is not None)],
