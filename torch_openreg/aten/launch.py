@@ -22,14 +22,9 @@ def host_view(t: torch.Tensor) -> torch.Tensor:
     """A CPU tensor over an openreg tensor's bytes, with its lazy conjugate/negative bits.
 
     Operators that handle those bits themselves (copies, dot, mm, ...) receive the tensor
-    unresolved, so the host view must carry them too.
+    unresolved, so the host view carries them too (set by the bridge, in the same call).
     """
-    view = _C._host_view(t)
-    if t.is_conj():
-        view = view.conj()
-    if t.is_neg():
-        view = torch._neg_view(view)
-    return view
+    return _C._host_view(t)
 
 
 def storage_ptr(t: torch.Tensor) -> int:

@@ -24,12 +24,17 @@ at::Tensor host_view(const at::Tensor& t) {
   if (base == nullptr) {
     return at::empty_strided(t.sizes(), t.strides(), t.options().device(c10::kCPU));
   }
-  return at::for_blob(base, t.sizes())
-      .strides(t.strides())
-      .storage_offset(t.storage_offset())
-      .options(t.options().device(c10::kCPU))
-      .target_device(c10::Device(c10::kCPU))
-      .make_tensor();
+  auto view = at::for_blob(base, t.sizes())
+                  .strides(t.strides())
+                  .storage_offset(t.storage_offset())
+                  .options(t.options().device(c10::kCPU))
+                  .target_device(c10::Device(c10::kCPU))
+                  .make_tensor();
+  // The lazy conjugate/negative bits travel with the view: operators that resolve them
+  // themselves (copies, dot, mm, ...) receive the tensor unresolved.
+  view._set_conj(t.is_conj());
+  view._set_neg(t.is_neg());
+  return view;
 }
 // LITERALINCLUDE END: HOST VIEW
 

@@ -368,7 +368,7 @@ def write_report(results: list[Result], path: str, command: str, limit: int | No
         "`pass`: every compared sample matches; `fail`: a mismatch; `error`: openreg raised (or crashed, or hung) "
         "where the CPU did not; `skip`: nothing to compare (the dtype is not supported on the CPU, or the CPU "
         f"reference itself fails for every sample, or the operator is on the runner's exception list). "
-        f"The run took {seconds / 60:.0f} minutes. "
+        f"The run took {seconds / 60:.1f} minutes. "
         "{doc}`testing` explains the runner and its exceptions.",
         "",
         "## Totals",
