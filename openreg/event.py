@@ -52,7 +52,11 @@ class Event:
 
     def query(self) -> bool:
         """True if the work captured by the last record has finished (or nothing was recorded)."""
-        return self.pending() is None
+        if self.pending() is not None:
+            return False
+        if self._queue is not None:
+            self._queue.settle()  # a host that saw its work finish finds device memory closed
+        return True
 
     def synchronize(self) -> None:
         """Block until the captured work has finished."""

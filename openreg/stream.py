@@ -33,6 +33,7 @@ LAUNCH_BLOCKING = os.environ.get("OPENREG_LAUNCH_BLOCKING", "0") not in ("", "0"
 
 _CLOSE_EVERY = 256  # buffers kept open by a busy stream before they are closed anyway
 _IDLE = 200e-6  # seconds without a launch before a stream's worker starts on queued work
+_LINGER = 1e-3  # seconds a drained stream keeps finished items' buffers open for the next ones
 
 # Priorities follow CUDA: lower numbers are more urgent; 0 is the default.
 PRIORITY_LOW = 0
@@ -59,18 +60,19 @@ class _Queue:
         self.error: OpenRegError | None = None
         self.closed = False
         self.worker: threading.Thread | None = None
-        self.open: list = []  # allocations finished items left open (closed when the queue drains)
+        self.open: list = []  # spans finished items left open (see run)
         self.idle = False  # the worker sleeps until a launch wakes it
         self.last_launch = 0.0  # time.monotonic() of the last launch
+        self.last_done = 0.0  # time.monotonic() when the last item finished
 
     # LITERALINCLUDE START: STREAM RUN
     def run(self, item: _Item) -> None:
         """Execute one item with its buffers open; keep the first error for the next sync.
 
-        Closing device memory again (``mprotect``) costs as much as a small kernel on a large
-        segment, so back-to-back kernels share one opening: buffers are closed, and their frees
-        let through, when the queue drains (before the last item counts as done, so a
-        synchronized host always finds device memory closed) or every ``_CLOSE_EVERY`` items.
+        Closing device memory again (``mprotect``) costs time in proportion to the pages, so
+        kernels share openings: what a finished item opened stays open until the host
+        synchronizes with the stream (:meth:`wait_for`, :meth:`settle`), until the stream has been
+        idle for ``_LINGER`` seconds, or until ``_CLOSE_EVERY`` items have piled up.
         """
         started = time.perf_counter_ns()
         try:
@@ -92,33 +94,65 @@ class _Queue:
                 except Exception:  # noqa: BLE001 - a broken observer must not wedge the stream
                     print(f"openreg: launch observer {observer!r} failed after {item.name}:", file=sys.stderr)
                     traceback.print_exc()
-        with self.cond:
-            drained = not self.items
-        if drained or len(self.open) > _CLOSE_EVERY:
-            opened, self.open = self.open, []
-            memory.revoke(opened)
-            memory.release(opened)
+        if len(self.open) > _CLOSE_EVERY:
+            self._close_open()
         with self.cond:
             self.busy = False
             self.done = item.seq
+            self.last_done = time.monotonic()
             self.cond.notify_all()
+
+    def _close_open(self) -> None:
+        """Close what finished items left open and let their frees through (the caller holds ``busy``)."""
+        opened, self.open = self.open, []
+        if opened:
+            memory.revoke(opened)
+            memory.release(opened)
+
+    def _settled(self) -> bool:
+        """With the lock held: True if all work is done and nothing is open; else close it if we can."""
+        if self.done < self.launched or self.busy:
+            return False
+        if not self.open:
+            return True
+        self.busy = True
+        self.cond.release()
+        try:
+            self._close_open()
+        finally:
+            self.cond.acquire()
+            self.busy = False
+            self.cond.notify_all()
+        return True
     # LITERALINCLUDE END: STREAM RUN
 
     # LITERALINCLUDE START: STREAM WAIT
     def wait_for(self, seq: int) -> None:
-        """Block until launch ``seq`` has finished, running queued work here when the worker is idle."""
+        """Block until launch ``seq`` has finished, running queued work here when the worker is idle.
+
+        A host that has waited for everything finds device memory closed again: it closes what
+        the finished items left open before it returns.
+        """
         if forked():
             start()  # raises: the workers did not survive the fork
         while True:
             with self.cond:
                 if self.done >= seq:
-                    return
+                    if self.items or self._settled() or not self.busy:
+                        return
+                    self.cond.wait()  # the last item is finishing: close after it
+                    continue
                 if self.busy or not self.items:
                     self.cond.wait()
                     continue
                 item = self.items.popleft()
                 self.busy = True
             self.run(item)
+
+    def settle(self) -> bool:
+        """``query``: True if all launched work has finished (and then device memory is closed)."""
+        with self.cond:
+            return self._settled()
     # LITERALINCLUDE END: STREAM WAIT
 
     # LITERALINCLUDE START: STREAM SERVE
@@ -130,11 +164,20 @@ class _Queue:
         CPU kernel's OpenMP team slows down badly when one of its threads is preempted). So the
         worker waits until launches pause for ``_IDLE`` seconds before it runs queued work: a
         host that keeps launching is running ahead, as it would on a real device, and a host that
-        synchronizes runs the queue itself (:meth:`wait_for`).
+        synchronizes runs the queue itself (:meth:`wait_for`). Once the queue is drained and
+        ``_LINGER`` seconds pass without new work, the worker closes what is still open.
         """
         while True:
             with self.cond:
                 while self.busy or not self.items:
+                    if not self.busy and not self.items and self.open:
+                        if time.monotonic() - self.last_done >= _LINGER:
+                            self._settled()
+                            continue
+                        self.idle = True
+                        self.cond.wait(_LINGER)
+                        self.idle = False
+                        continue
                     if self.closed and not self.items:
                         self.worker = None
                         return
@@ -222,8 +265,8 @@ class Stream:
         _report(self._q)
 
     def query(self) -> bool:
-        """True if all launched work has finished."""
-        return self._q.done >= self._q.launched
+        """True if all launched work has finished (device memory is then closed to the host)."""
+        return self._q.settle()
 
     @property
     def launched(self) -> int:

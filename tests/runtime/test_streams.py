@@ -418,3 +418,54 @@ print(ran)
     assert proc.stdout.strip() == "[1, 2, 3]"
     assert "launch observer" in proc.stderr and "failed after k1" in proc.stderr
     assert "RuntimeError: observer bug" in proc.stderr
+
+
+# -- when opened buffers close again -------------------------------------------------------------
+
+
+def _wait_until(predicate, timeout=5.0):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.001)
+    return True
+
+
+def test_a_drained_worker_closes_buffers_without_a_host_sync(asynchronous, host_prot):
+    """Finished kernels share one opening, but an idle stream closes it on its own, soon."""
+    p = openreg.malloc(64)
+    ran = threading.Event()
+    try:
+        stream = openreg.Stream()
+        stream.launch(ran.set, buffers=[p])
+        assert ran.wait(5)  # the worker ran it: nobody synchronized
+        assert _wait_until(lambda: host_prot(p) == "---s")
+    finally:
+        openreg.synchronize()
+        openreg.free(p)
+
+
+@pytest.mark.parametrize("how", ["stream.query", "event.query", "event.synchronize", "stream.synchronize"])
+def test_a_host_that_saw_the_work_finish_finds_memory_closed(gate, host_prot, how, monkeypatch):
+    """Whatever way the host learns that the work is done, device memory is closed by then."""
+    monkeypatch.setattr(openreg.stream, "_LINGER", 60.0)  # so that only the host's own check can close it
+    p = openreg.malloc(64)
+    try:
+        stream = openreg.Stream()
+        stream.launch(gate.wait, buffers=[p])
+        event = openreg.Event()
+        event.record(stream)
+        gate.open()
+        if how == "stream.query":
+            assert _wait_until(stream.query)
+        elif how == "event.query":
+            assert _wait_until(event.query)
+        elif how == "event.synchronize":
+            event.synchronize()
+        else:
+            stream.synchronize()
+        assert host_prot(p) == "---s"
+    finally:
+        openreg.synchronize()
+        openreg.free(p)
