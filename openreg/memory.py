@@ -58,6 +58,9 @@ class PointerAttributes:
 
 
 _lock = threading.RLock()
+# Opening and closing pages (grant/revoke) has its own lock: an mprotect of a large buffer takes
+# milliseconds, and a launch (acquire) must not wait for it. Acquired spans stay mapped meanwhile.
+_access_lock = threading.Lock()
 _allocs: dict[int, Allocation] = {}
 _bases: list[int] = []  # sorted allocation bases, to resolve interior pointers
 _used = [0] * device_count()  # bytes held per device (page-rounded)
@@ -322,7 +325,7 @@ def _minus(ranges: list[tuple[int, int]], holes: list[tuple[int, int]]) -> list[
 
 def grant(spans: list[Span]) -> None:
     """Open the named pages to the host for the duration of a kernel or copy (reference counted)."""
-    with _lock:
+    with _access_lock:
         todo = []
         for alloc, lo, hi in spans:
             if alloc.kind == DEVICE:
@@ -336,7 +339,7 @@ def grant(spans: list[Span]) -> None:
 
 def revoke(spans: list[Span]) -> None:
     """Close the pages again, except those another running kernel still has open."""
-    with _lock:
+    with _access_lock:
         closed: dict[int, tuple[Allocation, list]] = {}
         for alloc, lo, hi in spans:
             if alloc.kind == DEVICE:
