@@ -74,6 +74,25 @@ def test_freed_blocks_are_reused_without_driver_calls():
     assert dev.memory_stats(0)["num_device_alloc"] == calls
 
 
+def test_free_large_segments_too_small_for_a_request_are_returned_before_growing():
+    """A cached 4 MiB segment cannot hold 8 MiB: it goes back to the driver before the new segment comes,
+    so reserved memory grows by 4 MiB, not 8; a segment that fits is reused instead."""
+    base = dev.memory_reserved(0)
+    x = torch.empty(4 * MB, dtype=torch.uint8, device="openreg")
+    del x
+    assert dev.memory_reserved(0) - base == 4 * MB  # cached
+    frees = dev.memory_stats(0)["num_device_free"]
+    y = torch.empty(8 * MB, dtype=torch.uint8, device="openreg")
+    assert dev.memory_reserved(0) - base == 8 * MB
+    assert dev.memory_stats(0)["num_device_free"] == frees + 1
+    assert dev.memory_stats(0)["segment.large_pool.current"] >= 1
+    ptr = y.data_ptr()
+    del y
+    z = torch.empty(6 * MB, dtype=torch.uint8, device="openreg")  # fits the cached 8 MiB segment
+    assert z.data_ptr() == ptr and dev.memory_reserved(0) - base == 8 * MB
+    del z
+
+
 def test_peak_and_accumulated_resets():
     x = torch.empty(4 * MB, dtype=torch.uint8, device="openreg")
     del x
@@ -146,7 +165,9 @@ def test_out_of_memory_raises_and_leaves_no_trace():
 
 def test_out_of_memory_frees_the_cache_and_retries():
     capacity = dev.get_device_properties(0).total_memory
-    big = torch.empty(capacity // 2, dtype=torch.uint8, device="openreg")
+    side = dev.Stream()
+    with dev.stream(side):  # cached on another stream's pool: not given back before growing (only on OOM)
+        big = torch.empty(capacity // 2, dtype=torch.uint8, device="openreg")
     del big  # cached: reserved but unallocated
     assert dev.memory_reserved(0) >= capacity // 2
     retries = dev.memory_stats(0)["num_alloc_retries"]

@@ -204,6 +204,7 @@ class DeviceCachingAllocator:
             size = SMALL_SEGMENT
         else:
             size = (rounded + LARGE_ROUND - 1) // LARGE_ROUND * LARGE_ROUND
+            self._release_unfit(stream, size)
         try:
             ptr = self._driver_malloc(size)
         except OpenRegError as first:
@@ -225,6 +226,31 @@ class DeviceCachingAllocator:
         head = Block(ptr, size, stream, pool)
         self.segments[ptr] = head
         return head
+
+    # LITERALINCLUDE START: RELEASE UNFIT
+    def _release_unfit(self, stream: openreg.Stream, size: int) -> None:
+        """Before growing the large pool by ``size``, give back wholly free large segments of this
+        stream that are too small for the request, up to ``size`` bytes.
+
+        They could not serve it, and keeping them while adding a segment is what makes peak reserved
+        memory outgrow peak allocated memory (training steps alternate between activation sizes). A
+        driver call costs microseconds, so returning them early is cheap.
+        """
+        freed = 0
+        for _, ptr in list(self.free_lists.get((LARGE, stream), ())):
+            head = self.free_blocks[ptr]
+            if freed >= size:
+                break
+            if head.prev is None and head.next is None and head.ptr in self.segments:
+                self._remove_free(head)
+                del self.segments[head.ptr]
+                openreg.free(head.ptr)
+                freed += head.size
+                self.stats.counters["num_device_free"] += 1
+                self.stats.update(LARGE, ("segment", -1), ("reserved_bytes", -head.size))
+                if head.size > OVERSIZE:
+                    self.stats.oversize_segments.add(-1)
+    # LITERALINCLUDE END: RELEASE UNFIT
 
     def _driver_malloc(self, size: int) -> int:
         if self.fraction is not None:
