@@ -9,7 +9,8 @@ wholly free segments to the driver.
   ones from the large pool (segments of the request rounded up to 2 MiB: unlike
   CUDA's 20 MiB segments, which save driver calls that cost milliseconds, this keeps
   peak reserved memory near peak allocated; an openreg driver call costs microseconds).
-  Sizes round up to 512 bytes; a block larger than needed is split.
+  Sizes round up to 512 bytes; a block larger than needed is split. Before the large pool
+  grows, wholly free large segments too small for the request go back to the driver.
 * Streams: a block belongs to the stream that was current when it was
   allocated and is only reused on that stream, so work still queued there
   finishes before the memory is handed out again. ``record_stream`` marks
