@@ -231,7 +231,7 @@ class Stream:
 
         Returns the launch's sequence number on this stream. The buffers are pinned
         at once (a free before the work ends is deferred) and opened to the host
-        only while ``fn`` runs.
+        when ``fn`` runs; they are closed again by the time the host has synchronized.
         """
         start()
         spans = memory.acquire(buffers)

@@ -282,8 +282,7 @@ def _cpu_statistics(info: OpInfo, args: tuple, kwargs: dict, meta: tuple) -> tup
     input with float32 weights or running statistics (a "mixed" call), else the input's dtype; and a
     batch norm that is not training returns empty statistics.
     """
-    tensors = [t for t in _tensors(args, kwargs)]
-    x, params = tensors[0], tensors[1:]
+    x, *params = _tensors(args, kwargs)
     mixed = x.dtype in _REDUCED and any(p.dtype == torch.float32 for p in params)
     dtype = torch.float32 if mixed else x.dtype
     training = info.value(args, kwargs, info.positions["training"]) if "training" in info.positions else True
