@@ -31,7 +31,7 @@ from .errors import ErrorCode, OpenRegError
 
 LAUNCH_BLOCKING = os.environ.get("OPENREG_LAUNCH_BLOCKING", "0") not in ("", "0")
 
-_CLOSE_EVERY = 256  # buffers kept open by a busy stream before they are closed anyway
+_CLOSE_EVERY = 4096  # spans finished items may leave open before they are closed anyway
 _IDLE = 200e-6  # seconds without a launch before a stream's worker starts on queued work
 _LINGER = 1e-3  # seconds a drained stream keeps finished items' buffers open for the next ones
 
@@ -72,7 +72,7 @@ class _Queue:
         Closing device memory again (``mprotect``) costs time in proportion to the pages, so
         kernels share openings: what a finished item opened stays open until the host
         synchronizes with the stream (:meth:`wait_for`, :meth:`settle`), until the stream has been
-        idle for ``_LINGER`` seconds, or until ``_CLOSE_EVERY`` items have piled up.
+        idle for ``_LINGER`` seconds, or until ``_CLOSE_EVERY`` spans have piled up.
         """
         started = time.perf_counter_ns()
         try:
@@ -342,12 +342,19 @@ def get_stream(device: int, stream_id: int) -> Stream:
 
 def synchronize(device: int | None = None) -> None:
     """Wait for every stream of ``device`` (``cudaDeviceSynchronize``), then report errors."""
+    for q in drain(device):
+        _report(q)
+
+
+def drain(device: int | None = None) -> list[_Queue]:
+    """Wait for every stream of ``device`` and close what its work left open, so that frees waiting
+    for that work go through; kernel errors stay for the next synchronizing call. An allocator that
+    must make room (as ``cudaFree`` synchronizes the device) calls this."""
     device = check_device(get_device() if device is None else device)
     queues = [q for (d, _), q in list(_queues.items()) if d == device]
     for q in queues:
         q.wait_for(q.launched)
-    for q in queues:
-        _report(q)
+    return queues
 
 
 def add_launch_observer(fn: Callable[[str, int, int, int, int], None]) -> None:

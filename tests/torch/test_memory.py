@@ -176,6 +176,23 @@ def test_out_of_memory_frees_the_cache_and_retries():
     del bigger
 
 
+def test_out_of_memory_retry_waits_for_work_still_naming_freed_memory(run_python):
+    """The runtime releases memory only once no queued work names it. An allocation that needs the
+    memory of a tensor just freed, whose fill may still be queued or its pages still open, must wait
+    for that work in its retry instead of failing (as cudaFree synchronizes)."""
+    proc = run_python(
+        "import torch, torch_openreg\n"
+        "big = torch.ones(40 << 20, dtype=torch.uint8, device='openreg')  # a fill kernel names it\n"
+        "del big\n"
+        "x = torch.empty(48 << 20, dtype=torch.uint8, device='openreg')  # fits only in big's memory\n"
+        "x.fill_(2)\n"
+        "print(int(x[-1]), torch.openreg.memory_stats()['num_alloc_retries'], torch.openreg.mem_get_info()[0] >> 20)\n",
+        env={"OPENREG_DEVICE_MEMORY": "64MiB"},
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["2", "1", "16"]
+
+
 def test_per_process_memory_fraction():
     dev.set_per_process_memory_fraction(0.25, 0)
     assert dev.get_per_process_memory_fraction(0) == 0.25

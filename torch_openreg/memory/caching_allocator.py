@@ -262,7 +262,10 @@ class DeviceCachingAllocator:
         return openreg.malloc(size, self.device)
 
     def _free_everything_cached(self) -> None:
-        """Wait for blocks held back by other streams, then release all free segments."""
+        """Wait for the device's work and for blocks held back by other streams, then release all free
+        segments. The runtime releases a segment only once no queued work names it (frees are
+        stream-ordered), so without the wait the retry would find the memory still taken."""
+        openreg.stream.drain(self.device)
         if self.pending:
             self.stats.counters["num_sync_all_streams"] += 1
             for events, _ in self.pending:
