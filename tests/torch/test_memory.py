@@ -248,7 +248,7 @@ def test_block_freed_on_one_stream_is_not_reused_on_another_while_in_use():
     del y, z
 
 
-def test_record_stream_holds_the_block_until_the_other_stream_is_done():
+def test_record_stream_holds_the_block_until_the_other_stream_is_done(asynchronous):
     a, b = dev.Stream(), dev.Stream()
     with dev.stream(a):
         x = torch.ones(1024, device="openreg")
@@ -297,7 +297,7 @@ def test_dataloader_pins_for_openreg():
                                torch.arange(8.0).view(4, 2))
 
 
-def test_async_h2d_from_pinned_returns_before_the_copy_and_is_right_after_sync():
+def test_async_h2d_from_pinned_returns_before_the_copy_and_is_right_after_sync(asynchronous):
     src = torch.arange(1 << 16, dtype=torch.float32).pin_memory()
     stream = dev.current_stream()
     _block_stream(stream, 0.3)
@@ -310,7 +310,7 @@ def test_async_h2d_from_pinned_returns_before_the_copy_and_is_right_after_sync()
     torch.testing.assert_close(d.cpu(), torch.arange(1 << 16, dtype=torch.float32))
 
 
-def test_async_d2h_into_pinned_needs_a_sync_before_reading():
+def test_async_d2h_into_pinned_needs_a_sync_before_reading(asynchronous):
     d = torch.full((1024,), 7.0, device="openreg")
     host = torch.zeros(1024).pin_memory()
     stream = dev.current_stream()

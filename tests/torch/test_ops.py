@@ -242,7 +242,7 @@ def test_batch_norm_eval():
 @pytest.mark.parametrize("dtype, param_dtype", [(torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16),
                                                 (torch.bfloat16, torch.float32), (torch.float16, None)])
 @pytest.mark.parametrize("training", [True, False])
-def test_normalization_statistics_match_the_cpu_and_stay_asynchronous(dtype, param_dtype, training):
+def test_normalization_statistics_match_the_cpu_and_stay_asynchronous(dtype, param_dtype, training, asynchronous):
     """Batch and layer norm return the CPU kernel's statistics (dtype, and empty ones when not training),
     without synchronizing: a gate kernel holds the stream while they are called."""
     x = torch.randn(4, 3, 5, 5).to(dtype)
