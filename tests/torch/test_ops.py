@@ -366,6 +366,24 @@ def test_advanced_indexing_with_openreg_indices():
     check(lambda a, i: torch.zeros(5, device=a.device).index_add_(0, i, a[0, :3]), A, idx)
 
 
+def test_a_boolean_mask_does_not_make_integer_indexing_synchronous(asynchronous):
+    """Only the call shapes whose outputs depend on the data run synchronously, not the whole operator."""
+    a = torch.arange(6.0, device=DEV)
+    torch.testing.assert_close(a[a > 2].cpu(), torch.tensor([3.0, 4.0, 5.0]))  # synchronous, by necessity
+    i = torch.tensor([5, 0], device=DEV)
+    gate = threading.Event()
+    timer = threading.Timer(10.0, gate.set)  # a synchronizing index would wait for this
+    timer.start()
+    openreg.current_stream(0).launch(gate.wait, name="gate")
+    try:
+        picked = a[i]
+        assert not gate.is_set(), "integer indexing waited for the stream"
+    finally:
+        gate.set()
+        timer.cancel()
+    torch.testing.assert_close(picked.cpu(), torch.tensor([5.0, 0.0]))
+
+
 def test_advanced_indexing_with_cpu_indices():
     """As on CUDA, index tensors may stay on the CPU."""
     idx = torch.tensor([3, 1, 1])

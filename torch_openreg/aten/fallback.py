@@ -229,6 +229,7 @@ def _pack(results: list) -> Any:
 # LITERALINCLUDE START: META CACHE
 _META_CACHE_SIZE = 8192
 _meta_cache: dict[tuple, Any] = {}
+SYNC = object()  # what _meta_outputs gives for a call shape that must run synchronously
 
 
 def _key_of(value: Any) -> Any:
@@ -260,8 +261,14 @@ def _meta_outputs(op, info: OpInfo, args: tuple, kwargs: dict, device: torch.dev
     if key is not None and key in _meta_cache:
         return _meta_cache[key]
     meta_args, meta_kwargs = _swap(args, kwargs, info, device, _to_meta, "meta")
-    meta = op(*meta_args, **meta_kwargs)
-    if info.cpu_statistics:
+    try:
+        meta = op(*meta_args, **meta_kwargs)
+    except Exception:
+        # No meta kernel, data-dependent output shapes (a boolean mask), or a check that needs the
+        # data: this call shape goes the synchronous way, where the CPU kernel decides. Remembered per
+        # call shape only: an index with a boolean mask must not make integer indexing synchronous.
+        meta = SYNC
+    if meta is not SYNC and info.cpu_statistics:
         meta = _cpu_statistics(info, args, kwargs, meta)
     if key is not None:
         if len(_meta_cache) >= _META_CACHE_SIZE:
@@ -334,13 +341,8 @@ def fallback(op: torch._ops.OpOverload, *args: Any, **kwargs: Any) -> Any:
     tensors = _tensors(args, kwargs)
     device = _device_of(info, tensors, kwargs)
     if not info.sync_only:
-        try:
-            meta = _meta_outputs(op, info, args, kwargs, device)
-        except NotImplementedError:
-            info.sync_only = True  # no meta kernel, or data-dependent output shapes
-        except Exception:
-            pass  # data-dependent checks (e.g. boolean masks); the CPU kernel reports real errors
-        else:
+        meta = _meta_outputs(op, info, args, kwargs, device)
+        if meta is not SYNC:
             return _run_async(op, info, args, kwargs, tensors, device, meta)
     return _run_sync(op, info, args, kwargs, tensors, device)
 # LITERALINCLUDE END: FALLBACK
