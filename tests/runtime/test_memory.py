@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import mmap
+import threading
 import time
 
 import pytest
@@ -256,11 +257,15 @@ def test_overlapping_extents_on_two_streams_are_reference_counted(gate, host_pro
     try:
         a, b = openreg.Stream(), openreg.Stream()
 
+        started = threading.Event()
+
         def long_kernel():
+            started.set()
             gate.wait()
             seen["long"] = [host_prot(p + i * page) for i in range(3)]
 
         a.launch(long_kernel, buffers=[(p, 2 * page)])  # pages 0 and 1
+        assert started.wait(5)  # running, so its pages are open
         b.launch(lambda: None, buffers=[(p + page, 2 * page)])  # pages 1 and 2
         b.synchronize()
         seen["between"] = [host_prot(p + i * page) for i in range(3)]
