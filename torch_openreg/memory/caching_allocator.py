@@ -128,15 +128,19 @@ class DeviceCachingAllocator:
         """Give every wholly free segment back to the driver."""
         with self.lock:
             self._process_pending()
-            for base, head in list(self.segments.items()):
+            for head in list(self.segments.values()):
                 if head.next is None and not head.allocated and head.ptr in self.free_blocks:
-                    self._remove_free(head)
-                    del self.segments[base]
-                    openreg.free(base)
-                    self.stats.counters["num_device_free"] += 1
-                    self.stats.update(head.pool, ("segment", -1), ("reserved_bytes", -head.size))
-                    if head.pool == LARGE and head.size > OVERSIZE:
-                        self.stats.oversize_segments.add(-1)
+                    self._release_segment(head)
+
+    def _release_segment(self, head: Block) -> None:
+        """Give a wholly free segment (its only block, ``head``, free in its pool) back to the driver."""
+        self._remove_free(head)
+        del self.segments[head.ptr]
+        openreg.free(head.ptr)
+        self.stats.counters["num_device_free"] += 1
+        self.stats.update(head.pool, ("segment", -1), ("reserved_bytes", -head.size))
+        if head.pool == LARGE and head.size > OVERSIZE:
+            self.stats.oversize_segments.add(-1)
 
     # -- pools ------------------------------------------------------------------------------------
     def _take_free(self, pool: int, stream: openreg.Stream, size: int) -> Block | None:
@@ -243,14 +247,8 @@ class DeviceCachingAllocator:
             if freed >= size:
                 break
             if head.prev is None and head.next is None and head.ptr in self.segments:
-                self._remove_free(head)
-                del self.segments[head.ptr]
-                openreg.free(head.ptr)
+                self._release_segment(head)
                 freed += head.size
-                self.stats.counters["num_device_free"] += 1
-                self.stats.update(LARGE, ("segment", -1), ("reserved_bytes", -head.size))
-                if head.size > OVERSIZE:
-                    self.stats.oversize_segments.add(-1)
     # LITERALINCLUDE END: RELEASE UNFIT
 
     def _driver_malloc(self, size: int) -> int:

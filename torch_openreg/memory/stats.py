@@ -57,12 +57,6 @@ class Stats:
         ]
         self._requested = [(a["requested_bytes"][ALL], a["requested_bytes"][pool]) for pool in (ALL, SMALL, LARGE)]
 
-    def add(self, name: str, pool: int, amount: int) -> None:
-        """Change ``name`` by ``amount`` in ``pool`` and in the all-pools aggregate."""
-        stats = self.arrays[name]
-        stats[ALL].add(amount)
-        stats[pool].add(amount)
-
     def update(self, pool: int, *changes: tuple[str, int]) -> None:
         """Apply several ``(name, amount)`` changes at once (for the allocator's rarer events)."""
         arrays = self.arrays
