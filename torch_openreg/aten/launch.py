@@ -27,9 +27,9 @@ def host_view(t: torch.Tensor) -> torch.Tensor:
     return _C._host_view(t)
 
 
-def storage_ptr(t: torch.Tensor) -> int:
-    """Base pointer of a tensor's storage: the buffer a launch names."""
-    return _C._storage_base(t)
+def host_views(*tensors: torch.Tensor | None) -> list[torch.Tensor | None]:
+    """:func:`host_view` of each tensor, passing ``None`` (an absent optional tensor) through."""
+    return [host_view(t) if t is not None else None for t in tensors]
 
 
 def _detach(exc: BaseException | None) -> None:

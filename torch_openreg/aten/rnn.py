@@ -12,17 +12,13 @@ from __future__ import annotations
 
 import torch
 
-from .launch import host_view, launch
-
-
-def _views(*tensors):
-    return [host_view(t) if t is not None else None for t in tensors]
+from .launch import host_views, launch
 
 
 def _run(name, kernel, outs, ins, *extra):
     outs = [o for o in outs]
     device = next(t for t in ins if t is not None).device
-    launch(device.index, kernel, _views(*outs), *_views(*ins), *extra,
+    launch(device.index, kernel, host_views(*outs), *host_views(*ins), *extra,
            tensors=[t for t in (*outs, *ins) if t is not None], name=name)
 
 

@@ -19,7 +19,7 @@ import torch
 
 from torch_openreg import _C
 
-from .launch import host_view, launch
+from .launch import host_views, launch
 
 
 def _keep_mask(seed: int, shape, p: float) -> torch.Tensor:
@@ -56,7 +56,7 @@ def _cpu_uses_flash(query, key, value, attn_bias, dropout_p, is_causal, scale) -
     """Whether CPU eager would run this attention with its flash kernel (asked of PyTorch's own choice)."""
     if dropout_p > 0:
         return False  # the math path's dropout mask is the one both directions rebuild from the seed
-    views = [host_view(t) if t is not None else None for t in (query, key, value, attn_bias)]  # metadata only
+    views = host_views(query, key, value, attn_bias)  # metadata only
     return torch.ops.aten._fused_sdp_choice.default(*views, 0.0, is_causal, scale=scale) == 1  # SDPBackend.flash
 
 
@@ -91,14 +91,12 @@ def attention_forward(query, key, value, attn_bias=None, dropout_p=0.0, is_causa
     out = torch.empty(*batch, L, Ev, dtype=query.dtype, device=dev)
     lse = torch.empty(*batch, L, dtype=torch.float32, device=dev)
     tensors = [t for t in (out, lse, query, key, value, attn_bias) if t is not None]
+    views = host_views(out, lse, query, key, value, attn_bias)
     if _cpu_uses_flash(query, key, value, attn_bias, dropout_p, is_causal, scale):
-        launch(dev.index, _flash_forward_kernel, *[host_view(t) if t is not None else None
-                                                   for t in (out, lse, query, key, value, attn_bias)],
-               is_causal, scale, tensors=tensors, name="sdpa_overrideable")
+        launch(dev.index, _flash_forward_kernel, *views, is_causal, scale, tensors=tensors, name="sdpa_overrideable")
     else:
-        launch(dev.index, _forward_kernel, *[host_view(t) if t is not None else None
-                                             for t in (out, lse, query, key, value, attn_bias)],
-               dropout_p, is_causal, scale, seed_t.data, gen, tensors=tensors, name="sdpa_overrideable")
+        launch(dev.index, _forward_kernel, *views, dropout_p, is_causal, scale, seed_t.data, gen, tensors=tensors,
+               name="sdpa_overrideable")
     # (``.data``: the kernel's write must not bump the version autograd saved seed_t at)
     offset_t = torch.tensor(0, dtype=torch.int64)
     debug = torch.empty(0, dtype=query.dtype, device=dev)
@@ -136,13 +134,13 @@ def attention_backward(grad_out, query, key, value, attn_bias, grad_input_mask, 
     grads.append(torch.empty_like(attn_bias) if want_bias else torch.empty(0, device=query.device))
     inputs = (grad_out, query, key, value, attn_bias)
     if not want_bias and _cpu_uses_flash(query, key, value, attn_bias, dropout_p, is_causal, scale):
-        launch(query.device.index, _flash_backward_kernel, [host_view(g) for g in grads[:3]],
-               *[host_view(t) if t is not None else None for t in (*inputs, out, logsumexp)], is_causal, scale,
+        launch(query.device.index, _flash_backward_kernel, host_views(*grads[:3]),
+               *host_views(*inputs, out, logsumexp), is_causal, scale,
                tensors=[*grads, *(t for t in (*inputs, out, logsumexp) if t is not None)],
                name="sdpa_overrideable_backward")
         return tuple(grads)
-    launch(query.device.index, _backward_kernel, [host_view(g) for g in grads],
-           *[host_view(t) if t is not None else None for t in inputs], dropout_p, is_causal, scale,
+    launch(query.device.index, _backward_kernel, host_views(*grads),
+           *host_views(*inputs), dropout_p, is_causal, scale,
            philox_seed, want_bias, tensors=[*grads, *(t for t in inputs if t is not None)],
            name="sdpa_overrideable_backward")
     return tuple(grads)

@@ -69,7 +69,7 @@ PYBIND11_MODULE(_C, m) {
         "the default generator of an openreg device");
   m.def("_ipc_tensor", &openreg::ipc_tensor, "uint8 openreg tensor over memory mapped from another process");
   m.def("_storage_base", [](const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.storage().data()); },
-        "device pointer of a tensor's storage (what kernels name as their buffers)");
+        "device pointer of a tensor's storage (to locate a host view's offset in it)");
   // LITERALINCLUDE START: EXTENTS
   m.def(
       "_extents",
