@@ -32,7 +32,8 @@ from .errors import ErrorCode, OpenRegError
 LAUNCH_BLOCKING = os.environ.get("OPENREG_LAUNCH_BLOCKING", "0") not in ("", "0")
 
 _CLOSE_EVERY = 4096  # spans finished items may leave open before they are closed anyway
-_IDLE = 200e-6  # seconds without a launch before a stream's worker starts on queued work
+_IDLE = 1e-3  # seconds without a launch before a stream's worker starts on queued work
+_NAP_MAX = 8e-3  # longest nap of a worker that keeps finding the host still launching
 _LINGER = 1e-3  # seconds a drained stream keeps finished items' buffers open for the next ones
 
 # Priorities follow CUDA: lower numbers are more urgent; 0 is the default.
@@ -41,10 +42,11 @@ PRIORITY_HIGH = -1
 
 
 class _Item:
-    __slots__ = ("fn", "args", "spans", "name", "seq")
+    __slots__ = ("fn", "args", "spans", "name", "seq", "granted")
 
     def __init__(self, fn: Callable[..., Any], args: tuple, spans: list, name: str, seq: int) -> None:
         self.fn, self.args, self.spans, self.name, self.seq = fn, args, spans, name, seq
+        self.granted = False  # its pages were opened ahead of it, with the rest of a batch
 
 
 class _Queue:
@@ -76,8 +78,9 @@ class _Queue:
         """
         started = time.perf_counter_ns()
         try:
-            memory.grant(item.spans)
-            self.open.extend(item.spans)
+            if not item.granted:
+                memory.grant(item.spans)
+                self.open.extend(item.spans)
             item.fn(*item.args)
         except BaseException as exc:  # noqa: BLE001 - any kernel failure becomes a device fault
             if self.error is None:
@@ -147,7 +150,22 @@ class _Queue:
                     continue
                 item = self.items.popleft()
                 self.busy = True
+                ahead = [it for it in self.items if it.seq <= seq and not it.granted]
+            if ahead:
+                self._grant_ahead(ahead)
             self.run(item)
+
+    def _grant_ahead(self, items: list[_Item]) -> None:
+        """Open the pages of queued items this waiting host will run next, in one pass (holding ``busy``).
+
+        One ``mprotect`` per run of adjacent pages instead of one per kernel: each call also flushes
+        the TLBs of every core the process runs on, which slows a running CPU kernel's threads.
+        """
+        spans = [span for it in items for span in it.spans]
+        memory.grant(spans)
+        self.open.extend(spans)
+        for it in items:
+            it.granted = True
 
     def settle(self) -> bool:
         """``query``: True if all launched work has finished (and then device memory is closed)."""
@@ -166,7 +184,12 @@ class _Queue:
         host that keeps launching is running ahead, as it would on a real device, and a host that
         synchronizes runs the queue itself (:meth:`wait_for`). Once the queue is drained and
         ``_LINGER`` seconds pass without new work, the worker closes what is still open.
+
+        Every wake-up takes the GIL from the launching thread (which drops it at each operator
+        call), so a worker that finds the host still launching naps twice as long the next time,
+        up to ``_NAP_MAX``: polling every ``_IDLE`` doubled the cost of a launch.
         """
+        nap = _IDLE
         while True:
             with self.cond:
                 while self.busy or not self.items:
@@ -186,8 +209,10 @@ class _Queue:
                     self.idle = False
             quiet = time.monotonic() - self.last_launch
             if quiet < _IDLE:
-                time.sleep(_IDLE - quiet)
+                time.sleep(max(_IDLE - quiet, nap))
+                nap = min(2 * nap, _NAP_MAX)
                 continue
+            nap = _IDLE
             with self.cond:
                 if self.busy or not self.items:
                     continue  # a synchronizing caller took over

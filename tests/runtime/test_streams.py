@@ -469,3 +469,36 @@ def test_a_host_that_saw_the_work_finish_finds_memory_closed(gate, host_prot, ho
     finally:
         openreg.synchronize()
         openreg.free(p)
+
+
+def test_worker_starts_on_its_own_after_a_long_launch_burst(asynchronous):
+    """The worker naps longer while the host keeps launching, but still runs the queue once it stops."""
+    stream = openreg.Stream()
+    ran = []
+    deadline = time.monotonic() + 0.1  # well past the longest nap
+    while time.monotonic() < deadline:
+        stream.launch(ran.append, 1)
+    launched = len(ran) + len(stream._q.items)
+    assert _wait_until(lambda: len(ran) == launched)  # nobody synchronized
+    stream.synchronize()
+
+
+def test_a_waiting_host_opens_the_queued_kernels_pages_in_one_pass(gate, host_prot):
+    """A host that runs the queue itself opens the pages of all queued kernels before the first, and
+    the named pages only; all are closed again once it has waited."""
+    a, b, other = openreg.malloc(64), openreg.malloc(64), openreg.malloc(64)
+    seen = []
+    try:
+        stream = openreg.Stream()
+        stream.launch(gate.wait)  # holds the queue until the host waits
+        stream.launch(lambda: seen.append((host_prot(a), host_prot(b), host_prot(other))), buffers=[a])
+        stream.launch(lambda: None, buffers=[b])
+        stream._q.last_launch = time.monotonic() + 5  # keep the worker from taking the queue
+        gate.open()
+        stream.synchronize()
+        assert seen == [("rw-s", "rw-s", "---s")]  # b opened ahead of its kernel, other never
+        assert (host_prot(a), host_prot(b)) == ("---s", "---s")
+    finally:
+        openreg.synchronize()
+        for p in (a, b, other):
+            openreg.free(p)

@@ -344,6 +344,23 @@ def test_losses_do_not_warn_about_resized_outputs(capfd):
     assert "resized" not in capfd.readouterr().err
 
 
+def test_only_losses_compute_their_reduction_through_a_host_temporary():
+    """``mm`` with an output smaller than its inputs, or ``sum``, write into device memory through
+    their out= kernels; only a loss, whose CPU out= kernel resizes ``out``, computes on the host first."""
+    from torch_openreg.aten import fallback
+
+    big, small = torch.randn(64, 8), torch.randn(8, 64)
+    a, b = big.to(DEV), small.to(DEV)
+    cases = [(torch.ops.aten.mm.default, (small, big), False), (torch.ops.aten.sum.default, (big,), False),
+             (torch.ops.aten.mse_loss.default, (big, big), True)]
+    for op, args, scratch in cases:
+        dev_args = [t.to(DEV) for t in args]
+        out = op(*dev_args)
+        torch.testing.assert_close(out.cpu(), op(*args))
+        assert fallback._reduces(fallback.OpInfo(op), [out], dev_args) is scratch, op
+    torch.testing.assert_close((b @ a).cpu(), small @ big)
+
+
 def test_embedding():
     check(F.embedding, torch.tensor([[0, 2], [1, 1]]), torch.randn(3, 4))
 

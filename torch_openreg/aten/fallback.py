@@ -67,6 +67,8 @@ class OpInfo:
         self.tensor_args = [i for i, a in enumerate(schema.arguments) if str(a.type) == "Tensor"]
         self.out_kwargs = [a.name for a in schema.arguments if a.kwarg_only and a.alias_info and a.alias_info.is_write]
         self.scratch_out = False  # its CPU out= kernel resizes ``out`` (learned at the first run)
+        # Losses reduce through ``out``: their CPU out= kernels store the unreduced values there first.
+        self.loss = "reduction" in self.positions
         alias_args = {}
         for i, a in enumerate(schema.arguments):
             if a.alias_info is not None:
@@ -398,11 +400,11 @@ def _run_async(op, info: OpInfo, args, kwargs, tensors, device: torch.device, me
     if info.out_names and all(o is not None for _, o in fresh):
         for name, (_, o) in zip(info.out_names, fresh):
             cpu_kwargs[name] = host_view(o)
-        scratch = _reduces(written, tensors)
+        scratch = _reduces(info, written, tensors)
         kernel = _out_kernel(info, info.out_op, cpu_args, cpu_kwargs, info.out_names, scratch, functional=op)
     elif info.out_kwargs and not fresh:  # an out= overload called directly
         outs_given = _tensors(tuple(info.value(args, kwargs, info.positions[n]) for n in info.out_kwargs), {})
-        kernel = _out_kernel(info, op, cpu_args, cpu_kwargs, info.out_kwargs, _reduces(outs_given, tensors))
+        kernel = _out_kernel(info, op, cpu_args, cpu_kwargs, info.out_kwargs, _reduces(info, outs_given, tensors))
     else:
         targets = [(i, _map(o, host_view)) for i, o in fresh]
         kernel = _copy_kernel(op, cpu_args, cpu_kwargs, targets, len(info.returns))
@@ -420,9 +422,12 @@ def _host_view_or_snapshot(t: torch.Tensor) -> torch.Tensor:
 # LITERALINCLUDE END: RUN ASYNC
 
 
-def _reduces(outputs: list, tensors: list) -> bool:
-    """Whether every output is smaller than an input: a reduction, whose CPU out= kernel may use
-    ``out`` as scratch space for the unreduced values (losses do) and so resize it."""
+def _reduces(info: OpInfo, outputs: list, tensors: list) -> bool:
+    """Whether a loss reduces (every output smaller than an input): its CPU out= kernel uses ``out``
+    as scratch space for the unreduced values and so resizes it. Other reductions (``sum``, a matrix
+    product with a small result) write ``out`` directly; one that does not is learned at its first run."""
+    if not info.loss:
+        return False
     biggest = max((t.numel() for t in tensors), default=0)
     return bool(outputs) and all(o.numel() < biggest for o in outputs)
 
