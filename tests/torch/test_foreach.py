@@ -5,6 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.optim.optimizer as optimizer
+from torch.testing._internal import common_methods_invocations as cmi
+
+import openreg
 
 DEV = "openreg"
 
@@ -60,6 +63,97 @@ def test_scalar_scalarlist_and_ternary():
     _same(da, a)
     norms = torch._foreach_norm(_dev(a))
     _same(norms, torch._foreach_norm(a))
+
+
+def _to(x, device):
+    if isinstance(x, torch.Tensor):
+        return x.to(device)
+    if isinstance(x, (list, tuple)):
+        return type(x)(_to(v, device) for v in x)
+    return x
+
+
+def _clone(x):
+    return _to(x, "cpu") if not isinstance(x, torch.Tensor) else x.clone()
+
+
+_FOREACH_DB = (cmi.foreach_unary_op_db + cmi.foreach_binary_op_db + cmi.foreach_pointwise_op_db
+               + cmi.foreach_reduce_op_db + cmi.foreach_other_op_db)
+
+
+@pytest.mark.parametrize("info", _FOREACH_DB, ids=[i.name for i in _FOREACH_DB])
+def test_foreach_opinfo_samples_match_the_cpu(info):
+    """PyTorch's own foreach OpInfo samples, functional and in-place, float32 and int64, against the CPU."""
+    checked = 0
+    for dtype in (torch.float32, torch.int64):
+        if dtype not in info.supported_dtypes("cpu"):
+            continue
+        for sample in list(info.sample_inputs("cpu", dtype, num_input_tensors=[3]))[:4]:
+            for variant in (info.op, info.inplace_variant):
+                if variant is None:
+                    continue
+                cpu_in, cpu_args = [t.clone() for t in sample.input], [_clone(a) for a in sample.args]
+                try:
+                    expected = variant(cpu_in, *cpu_args, **sample.kwargs)
+                except (RuntimeError, TypeError, ValueError):
+                    continue  # not valid on the CPU either (an integer in-place result, ...)
+                dev_in = _to([t.clone() for t in sample.input], DEV)
+                got = variant(dev_in, *_to(cpu_args, DEV), **sample.kwargs)
+                torch.testing.assert_close(_to(dev_in, "cpu"), cpu_in, equal_nan=True)
+                if expected is not None:
+                    torch.testing.assert_close(_to(got, "cpu"), expected, equal_nan=True)
+                checked += 1
+    assert checked, f"no sample of {info.name} ran"
+
+
+def test_a_foreach_operator_is_one_launch():
+    names = []
+
+    def observe(name, *_):
+        names.append(name)
+
+    a, _ = _lists()
+    da = _dev(a)
+    openreg.add_launch_observer(observe)
+    try:
+        torch._foreach_mul_(da, 2.0)
+        norms = torch._foreach_norm(da)
+        torch.openreg.synchronize()
+    finally:
+        openreg.remove_launch_observer(observe)
+    assert names == ["aten::_foreach_mul_.Scalar", "aten::_foreach_norm.Scalar"]
+    torch._foreach_mul_(a, 2.0)
+    _same(da, a)
+    _same(norms, torch._foreach_norm(a))
+
+
+def test_changing_optimizer_numbers_reuse_the_output_metadata():
+    """A foreach operator's numbers (a learning rate, a bias correction) change every step; the meta
+    kernel runs once per list shape, and every value still computes its own result."""
+    from torch_openreg.aten import fallback
+
+    a, b = _lists()
+    da, db = _dev(a), _dev(b)
+    torch._foreach_addcdiv_(da, db, _dev([t.abs() + 1 for t in b]), [0.1, 0.2, 0.3])
+    cached = len(fallback._meta_cache)
+    for step in range(1, 4):
+        values = [0.5 / step, -1.5 * step, 2.0 + step]
+        torch._foreach_addcdiv_(da, db, _dev([t.abs() + 1 for t in b]), values)
+        torch._foreach_mul_(da, 1.0 + step)
+    assert len(fallback._meta_cache) <= cached + 1  # the mul's one entry, not one per value
+    torch._foreach_addcdiv_(a, b, [t.abs() + 1 for t in b], [0.1, 0.2, 0.3])
+    for step in range(1, 4):
+        torch._foreach_addcdiv_(a, b, [t.abs() + 1 for t in b], [0.5 / step, -1.5 * step, 2.0 + step])
+        torch._foreach_mul_(a, 1.0 + step)
+    _same(da, a)
+
+
+def test_foreach_lists_on_mismatched_devices_raise():
+    a, b = _lists()
+    with pytest.raises(RuntimeError, match="same device"):
+        torch._foreach_add(_dev(a), b)
+    with pytest.raises(RuntimeError, match="same device"):
+        torch._foreach_add_(_dev(a), b)
 
 
 def _train(opt_cls, device, steps=5, **kwargs):

@@ -68,3 +68,4 @@ _aten.impl("_thnn_fused_gru_cell_backward", rnn.gru_cell_backward, "PrivateUse1"
 
 # Last, so that every operator with a kernel of its own above keeps it.
 fallback.register_structured(_aten)
+fallback.register_foreach(_aten)

@@ -69,6 +69,9 @@ class OpInfo:
         self.scratch_out = False  # its CPU out= kernel resizes ``out`` (learned at the first run)
         # Losses reduce through ``out``: their CPU out= kernels store the unreduced values there first.
         self.loss = "reduction" in self.positions
+        # An optimizer's numbers (a learning rate, Adam's bias corrections) change every step but never
+        # the output metadata: keying the meta cache by their values would re-run the meta kernel.
+        self.numbers_by_type = schema.name.startswith(("aten::_foreach_", "aten::_fused_"))
         alias_args = {}
         for i, a in enumerate(schema.arguments):
             if a.alias_info is not None:
@@ -249,14 +252,24 @@ def _key_of(value: Any) -> Any:
     return value
 
 
+def _type_key_of(value: Any) -> Any:
+    """:func:`_key_of` for operators whose numbers never shape their outputs (only their types promote)."""
+    if isinstance(value, (bool, int, float, complex)):
+        return type(value)
+    if isinstance(value, (list, tuple)):
+        return tuple(_type_key_of(v) for v in value)
+    return _key_of(value)
+
+
 def _meta_outputs(op, info: OpInfo, args: tuple, kwargs: dict, device: torch.device) -> Any:
     """Output metadata from a meta run, memoized by operator and argument metadata.
 
     A meta run costs 20-200 us; the same call shapes recur every training step.
     The cached meta tensors are only ever read.
     """
+    key_of = _type_key_of if info.numbers_by_type else _key_of
     try:
-        key = (op, _key_of(args), tuple((k, _key_of(v)) for k, v in kwargs.items()))
+        key = (op, key_of(args), tuple((k, key_of(v)) for k, v in kwargs.items()))
         hash(key)
     except TypeError:
         key = None
@@ -564,3 +577,31 @@ def register_structured(lib: torch.library.Library) -> int:
         count += 1
     return count
 # LITERALINCLUDE END: DIRECT STRUCTURED
+
+
+# LITERALINCLUDE START: DIRECT FOREACH
+FOREACH_KEEP_LOOP = {"_foreach_copy", "_foreach_copy_"}  # their lists may mix CPU and openreg tensors
+
+
+def register_foreach(lib: torch.library.Library) -> int:
+    """Send ``_foreach_*`` operators straight to the fallback: one launch for the whole list.
+
+    Without a PrivateUse1 kernel they resolve to PyTorch's CompositeExplicitAutograd loop, which
+    calls the single-tensor operator once per tensor: an Adam step over 24 parameters was some 150
+    launches. The fallback runs the CPU's ``_foreach_*`` kernel over host views of every tensor in
+    the lists in one kernel instead. Returns the count.
+    """
+    count = 0
+    for name in torch._C._dispatch_get_all_op_names():
+        if not name.startswith("aten::_foreach_"):
+            continue
+        if torch._C._dispatch_has_kernel_for_dispatch_key(name, "PrivateUse1"):
+            continue
+        packet, _, overload = name[len("aten::"):].partition(".")
+        if packet in FOREACH_KEEP_LOOP:
+            continue
+        op = getattr(getattr(torch.ops.aten, packet), overload or "default")
+        lib.impl(name[len("aten::"):], functools.partial(fallback, op), "PrivateUse1")
+        count += 1
+    return count
+# LITERALINCLUDE END: DIRECT FOREACH
