@@ -66,6 +66,7 @@ class _Queue:
         self.idle = False  # the worker sleeps until a launch wakes it
         self.last_launch = 0.0  # time.monotonic() of the last launch
         self.last_done = 0.0  # time.monotonic() when the last item finished
+        self.ahead = 0  # items up to this sequence number had their pages opened ahead (_grant_ahead)
 
     # LITERALINCLUDE START: STREAM RUN
     def run(self, item: _Item) -> None:
@@ -80,7 +81,7 @@ class _Queue:
         try:
             if not item.granted:
                 memory.grant(item.spans)
-                self.open.extend(item.spans)
+            self.open.extend(item.spans)
             item.fn(*item.args)
         except BaseException as exc:  # noqa: BLE001 - any kernel failure becomes a device fault
             if self.error is None:
@@ -150,7 +151,10 @@ class _Queue:
                     continue
                 item = self.items.popleft()
                 self.busy = True
-                ahead = [it for it in self.items if it.seq <= seq and not it.granted]
+                ahead = []
+                if seq > self.ahead:  # once per wait: the queue is scanned once, not once per item
+                    ahead = [it for it in self.items if self.ahead < it.seq <= seq]
+                    self.ahead = seq
             if ahead:
                 self._grant_ahead(ahead)
             self.run(item)
@@ -161,11 +165,9 @@ class _Queue:
         One ``mprotect`` per run of adjacent pages instead of one per kernel: each call also flushes
         the TLBs of every core the process runs on, which slows a running CPU kernel's threads.
         """
-        spans = [span for it in items for span in it.spans]
-        memory.grant(spans)
-        self.open.extend(spans)
+        memory.grant([span for it in items for span in it.spans])
         for it in items:
-            it.granted = True
+            it.granted = True  # run() counts its spans as open when it starts, as for any item
 
     def settle(self) -> bool:
         """``query``: True if all launched work has finished (and then device memory is closed)."""

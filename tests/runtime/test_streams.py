@@ -502,3 +502,29 @@ def test_a_waiting_host_opens_the_queued_kernels_pages_in_one_pass(gate, host_pr
         openreg.synchronize()
         for p in (a, b, other):
             openreg.free(p)
+
+
+def test_pages_opened_ahead_stay_open_through_a_periodic_close(run_python):
+    """A waiting host that runs a long queue closes what finished kernels opened every few thousand
+    spans; the pages it opened ahead for kernels still queued stay open, and stay allocated."""
+    code = """
+import ctypes, time, openreg
+import openreg.stream as S
+S._CLOSE_EVERY = 8
+stream = openreg.Stream()
+ptrs = [openreg.malloc(4096) for _ in range(64)]
+stream.launch(time.sleep, 0.01)
+for p in ptrs:
+    stream.launch(ctypes.memset, p, 7, 4096, buffers=[p])
+stream._q.last_launch = time.monotonic() + 5  # the host runs the queue, not the worker
+stream.synchronize()
+out = ctypes.create_string_buffer(4096)
+for p in ptrs:
+    openreg.memcpy(ctypes.addressof(out), p, 4096, openreg.MemcpyKind.DEVICE_TO_HOST)
+    assert out.raw == bytes([7]) * 4096
+    openreg.free(p)
+print("ok", openreg.memory_used(0))
+"""
+    proc = run_python(code)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["ok", "0"]
