@@ -361,6 +361,46 @@ def test_only_losses_compute_their_reduction_through_a_host_temporary():
     torch.testing.assert_close((b @ a).cpu(), small @ big)
 
 
+@pytest.mark.parametrize("view", [lambda t: t[:, 2], lambda t: t[..., -1], lambda t: t[1:4:2],
+                                  lambda t: t[:, :, 3:], lambda t: t.unbind(1)[3], lambda t: t.chunk(3, 2)[1]],
+                         ids=["select", "select-last", "slice-step", "slice-tail", "unbind", "chunk"])
+def test_gradients_of_views_match_the_cpu(view):
+    x = torch.randn(4, 5, 6, requires_grad=True)
+    xd = x.detach().to(DEV).requires_grad_()
+    g = torch.randn_like(view(x))
+    (expected,) = torch.autograd.grad(view(x), x, g)
+    (got,) = torch.autograd.grad(view(xd), xd, g.to(DEV))
+    torch.testing.assert_close(got.cpu(), expected)
+
+
+def test_select_and_slice_backward_are_one_launch_and_check_at_the_call():
+    names = []
+
+    def observe(name, *_):
+        names.append(name)
+
+    grad = torch.randn(5, 6).to(DEV)
+    torch.openreg.synchronize()
+    openreg.add_launch_observer(observe)
+    try:
+        sel = torch.ops.aten.select_backward(grad, [4, 5, 6], 0, -1)
+        sli = torch.ops.aten.slice_backward(grad[:2], [4, 5, 6], 1, 1, 5, 2)
+        torch.openreg.synchronize()
+    finally:
+        openreg.remove_launch_observer(observe)
+    assert names == ["aten::select_backward", "aten::slice_backward"]
+    cpu = grad.cpu()
+    torch.testing.assert_close(sel.cpu(), torch.ops.aten.select_backward(cpu, [4, 5, 6], 0, -1))
+    torch.testing.assert_close(sli.cpu(), torch.ops.aten.slice_backward(cpu[:2], [4, 5, 6], 1, 1, 5, 2))
+    del sel, sli
+    baseline = torch.openreg.memory_allocated()
+    with pytest.raises(IndexError, match="out of range"):
+        torch.ops.aten.select_backward(grad, [4, 5, 6], 0, 4)
+    with pytest.raises(RuntimeError, match="expanded size"):
+        torch.ops.aten.select_backward(grad[:3], [4, 5, 6], 0, 1)
+    assert torch.openreg.memory_allocated() == baseline
+
+
 def test_embedding():
     check(F.embedding, torch.tensor([[0, 2], [1, 1]]), torch.randn(3, 4))
 

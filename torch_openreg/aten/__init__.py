@@ -9,7 +9,17 @@ import functools
 
 import torch
 
-from . import copy, custom_ops, examples, fallback, quantized, random, rnn, sdpa  # noqa: F401  (custom_ops registers on import)
+from . import (  # noqa: F401  (custom_ops registers on import)
+    copy,
+    custom_ops,
+    examples,
+    fallback,
+    quantized,
+    random,
+    rnn,
+    sdpa,
+    view_backward,
+)
 
 # LITERALINCLUDE START: REGISTER PYTHON KERNELS
 _aten = torch.library.Library("aten", "IMPL")
@@ -65,6 +75,9 @@ _aten.impl("_thnn_fused_lstm_cell_backward_impl", rnn.lstm_cell_backward, "Priva
 _aten.impl("_thnn_fused_gru_cell", rnn.gru_cell, "PrivateUse1")
 _aten.impl("_thnn_fused_gru_cell_backward", rnn.gru_cell_backward, "PrivateUse1")
 # LITERALINCLUDE END: REGISTER SDPA AND RNN
+
+_aten.impl("select_backward", view_backward.select_backward, "PrivateUse1")
+_aten.impl("slice_backward", view_backward.slice_backward, "PrivateUse1")
 
 # Last, so that every operator with a kernel of its own above keeps it.
 fallback.register_structured(_aten)
