@@ -153,7 +153,7 @@ class _Queue:
                 self.busy = True
                 ahead = []
                 if seq > self.ahead:  # once per wait: the queue is scanned once, not once per item
-                    ahead = [it for it in self.items if self.ahead < it.seq <= seq]
+                    ahead = [it for it in (item, *self.items) if self.ahead < it.seq <= seq]
                     self.ahead = seq
             if ahead:
                 self._grant_ahead(ahead)
