@@ -35,6 +35,7 @@ _CLOSE_EVERY = 4096  # spans finished items may leave open before they are close
 _IDLE = 1e-3  # seconds without a launch before a stream's worker starts on queued work
 _NAP_MAX = 8e-3  # longest nap of a worker that keeps finding the host still launching
 _LINGER = 1e-3  # seconds a drained stream keeps finished items' buffers open for the next ones
+_AWAKE = 0.1  # seconds after the last launch that a worker keeps checking on its own, unwoken
 
 # Priorities follow CUDA: lower numbers are more urgent; 0 is the default.
 PRIORITY_LOW = 0
@@ -54,7 +55,9 @@ class _Queue:
 
     def __init__(self, device: int, stream_id: int) -> None:
         self.device, self.id = device, stream_id
-        self.cond = threading.Condition(threading.Lock())
+        lock = threading.Lock()
+        self.cond = threading.Condition(lock)  # hosts waiting for items to finish
+        self.wake = threading.Condition(lock)  # the worker, in a deep sleep, waiting for a launch
         self.items: collections.deque[_Item] = collections.deque()
         self.busy = False  # an item is running (on the worker or a stealing caller)
         self.launched = 0  # sequence number of the last launched item
@@ -63,7 +66,7 @@ class _Queue:
         self.closed = False
         self.worker: threading.Thread | None = None
         self.open: list = []  # spans finished items left open (see run)
-        self.idle = False  # the worker sleeps until a launch wakes it
+        self.idle = False  # the worker sleeps until a launch wakes it (see serve)
         self.last_launch = 0.0  # time.monotonic() of the last launch
         self.last_done = 0.0  # time.monotonic() when the last item finished
         self.ahead = 0  # items up to this sequence number had their pages opened ahead (_grant_ahead)
@@ -187,39 +190,40 @@ class _Queue:
         synchronizes runs the queue itself (:meth:`wait_for`). Once the queue is drained and
         ``_LINGER`` seconds pass without new work, the worker closes what is still open.
 
-        Every wake-up takes the GIL from the launching thread (which drops it at each operator
-        call), so a worker that finds the host still launching naps twice as long the next time,
-        up to ``_NAP_MAX``: polling every ``_IDLE`` doubled the cost of a launch.
+        Every wake-up takes the GIL from the host thread (which drops it at each operator call) and
+        costs it tens of microseconds, so the worker is woken as rarely as it can be: it naps, twice
+        as long each time it finds nothing to do, up to ``_NAP_MAX``; it is never woken by a host
+        that finishes items (hosts waiting for those have a condition of their own); and launches
+        wake it only from a deep sleep, which it enters once ``_AWAKE`` seconds pass without one.
         """
         nap = _IDLE
         while True:
             with self.cond:
-                while self.busy or not self.items:
-                    if not self.busy and not self.items and self.open:
-                        if time.monotonic() - self.last_done >= _LINGER:
-                            self._settled()
-                            continue
-                        self.idle = True
-                        self.cond.wait(_LINGER)
-                        self.idle = False
-                        continue
+                while True:
                     if self.closed and not self.items:
                         self.worker = None
                         return
-                    self.idle = True
-                    self.cond.wait()
+                    now = time.monotonic()
+                    if self.items and not self.busy:
+                        if now - self.last_launch >= _IDLE:
+                            break  # the host has paused: run the next item
+                        timeout = max(self.last_launch + _IDLE - now, nap)
+                    elif self.open and not self.busy:
+                        if now - self.last_done >= _LINGER:
+                            self._settled()
+                            continue
+                        timeout = self.last_done + _LINGER - now
+                    elif self.busy or now - self.last_launch < _AWAKE:
+                        timeout = nap  # a host is running the queue, or may launch again soon
+                    else:
+                        timeout = None  # deep sleep: the next launch wakes the worker
+                    self.idle = timeout is None
+                    self.wake.wait(timeout)
                     self.idle = False
-            quiet = time.monotonic() - self.last_launch
-            if quiet < _IDLE:
-                time.sleep(max(_IDLE - quiet, nap))
-                nap = min(2 * nap, _NAP_MAX)
-                continue
-            nap = _IDLE
-            with self.cond:
-                if self.busy or not self.items:
-                    continue  # a synchronizing caller took over
+                    nap = min(2 * nap, _NAP_MAX)
                 item = self.items.popleft()
                 self.busy = True
+            nap = _IDLE
             self.run(item)
             del item
     # LITERALINCLUDE END: STREAM SERVE
@@ -228,6 +232,7 @@ class _Queue:
         with self.cond:
             self.closed = True
             self.cond.notify_all()
+            self.wake.notify()
 
 
 class Stream:
@@ -272,7 +277,7 @@ class Stream:
                 q.worker = threading.Thread(target=q.serve, name=f"openreg:{q.device} stream {q.id}", daemon=True)
                 q.worker.start()
             if q.idle:
-                q.cond.notify_all()
+                q.wake.notify()
         if LAUNCH_BLOCKING:
             self.synchronize()
         return seq

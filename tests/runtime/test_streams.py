@@ -475,10 +475,11 @@ def test_worker_starts_on_its_own_after_a_long_launch_burst(asynchronous):
     """The worker naps longer while the host keeps launching, but still runs the queue once it stops."""
     stream = openreg.Stream()
     ran = []
+    launched = 0
     deadline = time.monotonic() + 0.1  # well past the longest nap
     while time.monotonic() < deadline:
         stream.launch(ran.append, 1)
-    launched = len(ran) + len(stream._q.items)
+        launched += 1
     assert _wait_until(lambda: len(ran) == launched)  # nobody synchronized
     stream.synchronize()
 
@@ -528,3 +529,42 @@ print("ok", openreg.memory_used(0))
     proc = run_python(code)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["ok", "0"]
+
+
+def _count_worker_waits(q):
+    count = [0]
+    wait = q.wake.wait
+
+    def counting(timeout=None):
+        count[0] += 1
+        return wait(timeout)
+
+    q.wake.wait = counting
+    return count
+
+
+def test_the_worker_is_not_woken_by_each_launch_or_finished_item(asynchronous):
+    """A host that launches and synchronizes in a loop runs the work itself; the worker naps through it
+    (every wake-up would take the GIL from the host) instead of being woken once per launch."""
+    stream = openreg.Stream()
+    ran = []
+    stream.launch(ran.append, 0)
+    stream.synchronize()
+    waits = _count_worker_waits(stream._q)
+    for i in range(1000):
+        stream.launch(ran.append, i)
+        stream.synchronize()
+    assert len(ran) == 1001
+    assert waits[0] < 500, waits[0]  # it was at least one per launch
+
+
+def test_a_deeply_sleeping_worker_is_woken_by_a_launch(asynchronous, monkeypatch):
+    monkeypatch.setattr(openreg.stream, "_AWAKE", 0.01)
+    stream = openreg.Stream()
+    ran = []
+    stream.launch(ran.append, 1)
+    stream.synchronize()
+    assert _wait_until(lambda: stream._q.idle)  # no launch for _AWAKE: the worker sleeps until woken
+    stream.launch(ran.append, 2)
+    assert _wait_until(lambda: ran == [1, 2])  # nobody synchronized
+    stream.synchronize()
