@@ -145,11 +145,23 @@ def peak_memory(group: dict) -> list[tuple[str, int, int]]:
     return rows
 
 
+def cpu_name() -> str:
+    """The CPU's model name (``/proc/cpuinfo`` on Linux), else what ``platform`` knows."""
+    try:
+        with open("/proc/cpuinfo") as info:
+            for line in info:
+                if line.startswith("model name"):
+                    return f"{line.split(':', 1)[1].strip()} ({platform.machine()})"
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def run(quick: bool, write: bool) -> str:
     from .memory import bandwidth
 
     repeat = 3 if quick else 11
-    out = [f"Machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores; "
+    out = [f"Machine: {cpu_name()}, {os.cpu_count()} cores; "
            f"torch {torch.__version__}; {'quick mode' if quick else 'full run'}.", ""]
     ratio_rows = []
 

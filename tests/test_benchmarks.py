@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import platform
 import subprocess
 import sys
 from pathlib import Path
@@ -30,3 +31,14 @@ def test_suite_quick_mode_runs_every_section():
         assert section in proc.stdout, proc.stdout
     for row in ("| add |", "| matmul 2048 |", "| conv2d |", "| H2D pinned |", "| Transformer"):
         assert row in proc.stdout, proc.stdout
+    machine = proc.stdout.splitlines()[0]
+    assert machine.startswith("Machine: ") and " cores; torch " in machine, machine
+
+
+def test_the_report_names_the_cpu_model():
+    from benchmarks.suite import cpu_name
+
+    name = cpu_name()
+    assert name
+    if Path("/proc/cpuinfo").exists() and "model name" in Path("/proc/cpuinfo").read_text():
+        assert name != platform.machine() and name.endswith(f"({platform.machine()})"), name
