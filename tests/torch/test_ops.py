@@ -401,6 +401,24 @@ def test_select_and_slice_backward_are_one_launch_and_check_at_the_call():
     assert torch.openreg.memory_allocated() == baseline
 
 
+def test_a_queued_launch_holds_few_objects_for_the_garbage_collector(asynchronous, monkeypatch):
+    """Every object a queued launch holds is walked by each garbage collection while it waits: a
+    closure's cells made a thousand queued launches cost twice as much each."""
+    import gc
+
+    monkeypatch.setattr(openreg.stream, "_IDLE", 60.0)  # the launches stay queued until synchronize
+    a, b = A.to(DEV), B.to(DEV)
+    a + b  # the first call of a shape runs (and caches) the meta kernel
+    torch.openreg.synchronize()
+    gc.collect()
+    before = len(gc.get_objects())
+    outs = [a + b for _ in range(200)]
+    per_launch = (len(gc.get_objects()) - before) / 200
+    torch.openreg.synchronize()
+    torch.testing.assert_close(outs[-1].cpu(), A + B)
+    assert per_launch < 16, per_launch
+
+
 def test_embedding():
     check(F.embedding, torch.tensor([[0, 2], [1, 1]]), torch.randn(3, 4))
 

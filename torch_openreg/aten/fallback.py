@@ -414,10 +414,10 @@ def _run_async(op, info: OpInfo, args, kwargs, tensors, device: torch.device, me
         for name, (_, o) in zip(info.out_names, fresh):
             cpu_kwargs[name] = host_view(o)
         scratch = _reduces(info, written, tensors)
-        kernel = _out_kernel(info, info.out_op, cpu_args, cpu_kwargs, info.out_names, scratch, functional=op)
+        kernel = _OutKernel(info, info.out_op, cpu_args, cpu_kwargs, info.out_names, scratch, functional=op)
     elif info.out_kwargs and not fresh:  # an out= overload called directly
         outs_given = _tensors(tuple(info.value(args, kwargs, info.positions[n]) for n in info.out_kwargs), {})
-        kernel = _out_kernel(info, op, cpu_args, cpu_kwargs, info.out_kwargs, _reduces(info, outs_given, tensors))
+        kernel = _OutKernel(info, op, cpu_args, cpu_kwargs, info.out_kwargs, _reduces(info, outs_given, tensors))
     else:
         targets = [(i, _map(o, host_view)) for i, o in fresh]
         kernel = _copy_kernel(op, cpu_args, cpu_kwargs, targets, len(info.returns))
@@ -445,9 +445,20 @@ def _reduces(info: OpInfo, outputs: list, tensors: list) -> bool:
     return bool(outputs) and all(o.numel() < biggest for o in outputs)
 
 
-def _out_kernel(info: OpInfo, out_op, cpu_args, cpu_kwargs, names, scratch: bool, functional=None):
-    def kernel() -> None:
-        if not (scratch or info.scratch_out):
+class _OutKernel:
+    """A queued ``out=`` kernel. A class, not a closure: a closure is a function and one cell per
+    captured name, all of which the cyclic garbage collector walks while the launch is queued (with a
+    thousand launches queued, collections doubled the cost of a launch)."""
+
+    __slots__ = ("info", "out_op", "cpu_args", "cpu_kwargs", "names", "scratch", "functional")
+
+    def __init__(self, info: OpInfo, out_op, cpu_args, cpu_kwargs, names, scratch: bool, functional=None) -> None:
+        self.info, self.out_op, self.cpu_args, self.cpu_kwargs = info, out_op, cpu_args, cpu_kwargs
+        self.names, self.scratch, self.functional = names, scratch, functional
+
+    def __call__(self) -> None:
+        info, out_op, cpu_args, cpu_kwargs, names = self.info, self.out_op, self.cpu_args, self.cpu_kwargs, self.names
+        if not (self.scratch or info.scratch_out):
             try:
                 out_op(*cpu_args, **cpu_kwargs)
                 return
@@ -459,8 +470,8 @@ def _out_kernel(info: OpInfo, out_op, cpu_args, cpu_kwargs, names, scratch: bool
         # do). A host view of device memory cannot grow: compute into host tensors (through the
         # functional operator when there is one), then copy the results in.
         inputs = {k: v for k, v in cpu_kwargs.items() if k not in names}
-        if functional is not None:
-            result = functional(*cpu_args, **inputs)
+        if self.functional is not None:
+            result = self.functional(*cpu_args, **inputs)
             results = [result] if len(names) == 1 else list(result)
         else:
             host = {n: _map(cpu_kwargs[n], lambda t: torch.empty(0, dtype=t.dtype)) for n in names}
@@ -470,8 +481,6 @@ def _out_kernel(info: OpInfo, out_op, cpu_args, cpu_kwargs, names, scratch: bool
             views = cpu_kwargs[n]
             for view, r in zip(*(([views], [result]) if isinstance(views, torch.Tensor) else (views, result))):
                 view.copy_(r)
-
-    return kernel
 
 
 def _copy_kernel(op, cpu_args, cpu_kwargs, targets, nreturns):
