@@ -420,7 +420,7 @@ def _run_async(op, info: OpInfo, args, kwargs, tensors, device: torch.device, me
         kernel = _OutKernel(info, op, cpu_args, cpu_kwargs, info.out_kwargs, _reduces(info, outs_given, tensors))
     else:
         targets = [(i, _map(o, host_view)) for i, o in fresh]
-        kernel = _copy_kernel(op, cpu_args, cpu_kwargs, targets, len(info.returns))
+        kernel = _CopyKernel(op, cpu_args, cpu_kwargs, targets, len(info.returns))
     launch(device.index, kernel, tensors=[*tensors, *written], name=info.name)
     return _pack(outs)
 
@@ -483,13 +483,22 @@ class _OutKernel:
                 view.copy_(r)
 
 
-def _copy_kernel(op, cpu_args, cpu_kwargs, targets, nreturns):
-    def kernel() -> None:
-        result = op(*cpu_args, **cpu_kwargs)
-        if nreturns == 0:  # an operator returning nothing (e.g. _amp_foreach_non_finite_check_and_unscale_)
+class _CopyKernel:
+    """A queued kernel that runs the operator itself (in place, or functional with its results copied
+    into the outputs' host views); a class for the same reason as :class:`_OutKernel`."""
+
+    __slots__ = ("op", "cpu_args", "cpu_kwargs", "targets", "nreturns")
+
+    def __init__(self, op, cpu_args, cpu_kwargs, targets, nreturns: int) -> None:
+        self.op, self.cpu_args, self.cpu_kwargs = op, cpu_args, cpu_kwargs
+        self.targets, self.nreturns = targets, nreturns
+
+    def __call__(self) -> None:
+        result = self.op(*self.cpu_args, **self.cpu_kwargs)
+        if self.nreturns == 0:  # an operator returning nothing (e.g. _amp_foreach_non_finite_check_and_unscale_)
             return
-        results = [result] if nreturns == 1 else list(result)
-        for i, view in targets:
+        results = [result] if self.nreturns == 1 else list(result)
+        for i, view in self.targets:
             if view is None:
                 continue
             if isinstance(view, torch.Tensor):
@@ -497,8 +506,6 @@ def _copy_kernel(op, cpu_args, cpu_kwargs, targets, nreturns):
             else:
                 for v, r in zip(view, results[i]):
                     v.copy_(r)
-
-    return kernel
 
 
 # LITERALINCLUDE START: SYNC PATH
