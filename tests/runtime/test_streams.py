@@ -484,9 +484,10 @@ def test_worker_starts_on_its_own_after_a_long_launch_burst(asynchronous):
     stream.synchronize()
 
 
-def test_a_waiting_host_opens_the_queued_kernels_pages_in_one_pass(gate, host_prot):
+def test_a_waiting_host_opens_the_queued_kernels_pages_in_one_pass(gate, host_prot, monkeypatch):
     """A host that runs the queue itself opens the pages of all queued kernels before the first, and
     the named pages only; all are closed again once it has waited."""
+    monkeypatch.setattr(openreg.stream, "_IDLE", 60.0)  # keep the worker from taking the queue
     a, b, other = openreg.malloc(64), openreg.malloc(64), openreg.malloc(64)
     seen = []
     try:
@@ -494,7 +495,6 @@ def test_a_waiting_host_opens_the_queued_kernels_pages_in_one_pass(gate, host_pr
         stream.launch(gate.wait)  # holds the queue until the host waits
         stream.launch(lambda: seen.append((host_prot(a), host_prot(b), host_prot(other))), buffers=[a])
         stream.launch(lambda: None, buffers=[b])
-        stream._q.last_launch = time.monotonic() + 5  # keep the worker from taking the queue
         gate.open()
         stream.synchronize()
         assert seen == [("rw-s", "rw-s", "---s")]  # b opened ahead of its kernel, other never
@@ -512,12 +512,12 @@ def test_pages_opened_ahead_stay_open_through_a_periodic_close(run_python):
 import ctypes, time, openreg
 import openreg.stream as S
 S._CLOSE_EVERY = 8
+S._IDLE = 60.0  # the host runs the queue, not the worker
 stream = openreg.Stream()
 ptrs = [openreg.malloc(4096) for _ in range(64)]
 stream.launch(time.sleep, 0.01)
 for p in ptrs:
     stream.launch(ctypes.memset, p, 7, 4096, buffers=[p])
-stream._q.last_launch = time.monotonic() + 5  # the host runs the queue, not the worker
 stream.synchronize()
 out = ctypes.create_string_buffer(4096)
 for p in ptrs:
