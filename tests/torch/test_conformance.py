@@ -76,6 +76,35 @@ def test_gradients_are_compared(results) -> None:
     assert status == FAIL and "gradient" in message
 
 
+def test_the_runner_expects_outputs_where_the_sample_puts_them() -> None:
+    """Openreg outputs for openreg inputs; the CPU for a sample that names it (``zeros_like(x,
+    device="cpu")``) or has no tensor and no device at all (``arange(2)``); a CPU output for openreg
+    inputs is a failure."""
+    from torch.testing._internal.common_methods_invocations import op_db
+
+    from torch_openreg.testing.opinfo import run_sample
+
+    def sample_where(name, predicate):
+        (op,) = [o for o in op_db if o.name == name and not o.variant_test_name]
+        return op, next(s for s in op.sample_inputs("openreg", torch.float32) if predicate(s))
+
+    op, named_cpu = sample_where("zeros_like", lambda s: s.kwargs.get("device") == "cpu")
+    assert run_sample(op, named_cpu, torch.float32, check_grad=False) == (PASS, "")
+    op, deviceless = sample_where("arange", lambda s: not isinstance(s.input, torch.Tensor)
+                                  and "device" not in s.kwargs)
+    assert run_sample(op, deviceless, torch.float32, check_grad=False) == (PASS, "")
+
+    class ToCpu:
+        name, variant_test_name = "to_cpu", ""
+
+        def __call__(self, x, *args, **kwargs):
+            return x.cpu() * 2
+
+    op, sample = sample_where("mul", lambda s: True)
+    status, message = run_sample(ToCpu(), sample, torch.float32, check_grad=False)
+    assert status == FAIL and "expected on openreg" in message
+
+
 def test_report_totals(results, tmp_path) -> None:
     path = tmp_path / "report.md"
     write_report(results, str(path), "python -m torch_openreg.testing.opinfo --ops ...", 2, 10.0)

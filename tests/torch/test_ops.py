@@ -432,6 +432,20 @@ def test_basic_indexing():
     check(lambda a: (a[1], a[:, 2], a[1:3, ::2], a[-1, -1], a[None, ..., 0]), A)
 
 
+def test_cpu_masks_of_one_shape_index_by_their_values():
+    """A CPU boolean mask's True count is the result's length: two masks of the same shape must not
+    share a memoized output shape (the second one got the first one's, over uninitialized memory)."""
+    x = torch.randn(5, 4)
+    xd = x.to(DEV)
+    for mask in ([1, 0, 1, 1, 0], [0, 0, 0, 0, 0], [1, 1, 1, 1, 1], [0, 1, 0, 0, 0]):
+        m = torch.tensor(mask, dtype=torch.bool)
+        torch.testing.assert_close(xd[m].cpu(), x[m])
+        torch.testing.assert_close(xd[m.to(torch.uint8).bool()].cpu(), x[m])
+        v = torch.randn(int(m.sum()), 4)
+        expected = x.clone().index_put_((m,), v)
+        torch.testing.assert_close(xd.clone().index_put_((m,), v.to(DEV)).cpu(), expected)
+
+
 def test_advanced_indexing_with_openreg_indices():
     idx = torch.tensor([3, 1, 1])
     check(lambda a, i: (a[i], a[:, i], a[i, i]), A, idx)

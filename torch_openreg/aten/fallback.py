@@ -237,11 +237,19 @@ _meta_cache: dict[tuple, Any] = {}
 SYNC = object()  # what _meta_outputs gives for a call shape that must run synchronously
 
 
+class _Uncacheable(TypeError):
+    """An argument whose values, not only its metadata, shape the outputs: the call is not memoized."""
+
+
 def _key_of(value: Any) -> Any:
     """A hashable description of an argument as far as output metadata can depend on it."""
     if isinstance(value, torch.Tensor):
         if value.get_device() >= 0:
             return (value.dtype, value.shape, value.stride(), value.storage_offset(), value.untyped_storage().nbytes())
+        if value.dim() and value.dtype in (torch.bool, torch.uint8):
+            # A CPU boolean mask: the meta run reads it (its True count is the output's length), so two
+            # masks of one shape give different outputs. (An openreg mask makes the meta run fail: sync.)
+            raise _Uncacheable("CPU mask")
         return (value.device, value.dtype, value.shape, value.stride())  # CPU scalars and indices
     if isinstance(value, (list, tuple)):
         return tuple(_key_of(v) for v in value)

@@ -200,10 +200,24 @@ def _statistical(op, sample=None) -> bool:
     return op_name(op) in STATISTICAL or op.name in STATISTICAL
 
 
+def _wanted_device(sample) -> str:
+    """Where the sample's outputs belong: the device it names (``zeros_like(x, device="cpu")``), else
+    openreg if it has an openreg tensor, else the default device, the CPU (a few factory samples,
+    ``arange(2)``, name no device at all)."""
+    if sample is None:
+        return DEVICE
+    requested = sample.kwargs.get("device")
+    if requested is not None:
+        return torch.device(requested).type
+    tensors = _leaves([sample.input, list(sample.args), dict(sample.kwargs)])
+    return DEVICE if any(t.device.type == DEVICE for t in tensors) else "cpu"
+
+
 def _compare(op, got: Any, expected: Any, sample=None) -> None:
+    wanted = _wanted_device(sample)
     for g, e in zip(_leaves(got), _leaves(expected)):
-        if e.device.type == "cpu" and g.device.type != DEVICE:
-            raise AssertionError(f"output on {g.device}, expected on {DEVICE}")
+        if e.device.type == "cpu" and g.device.type != wanted:
+            raise AssertionError(f"output on {g.device}, expected on {wanted}")
     got_cpu = _map(got, lambda t: t.detach().cpu())
     expected = _map(expected, lambda t: t.detach())
     if op.name in UNINITIALIZED or _statistical(op, sample):
