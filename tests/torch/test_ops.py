@@ -419,6 +419,16 @@ def test_a_queued_launch_holds_few_objects_for_the_garbage_collector(asynchronou
     assert per_launch < 16, per_launch
 
 
+def test_an_out_kernel_that_restrides_its_output_keeps_the_values():
+    """``max_unpool2d``'s CPU out= kernel lays out a channels-last result channels-last, restriding
+    ``out``; the device output keeps the strides it was allocated with, and the values follow them."""
+    x, idx = F.max_pool2d(torch.randn(2, 3, 6, 8), 2, return_indices=True)
+    x, idx = x.contiguous(memory_format=torch.channels_last), idx.contiguous(memory_format=torch.channels_last)
+    expected = F.max_unpool2d(x, idx, 2, output_size=(6, 8))
+    got = F.max_unpool2d(x.to(DEV), idx.to(DEV), 2, output_size=(6, 8))
+    torch.testing.assert_close(got.cpu(), expected)
+
+
 def test_embedding():
     check(F.embedding, torch.tensor([[0, 2], [1, 1]]), torch.randn(3, 4))
 

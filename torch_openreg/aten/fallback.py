@@ -467,8 +467,13 @@ class _OutKernel:
     def __call__(self) -> None:
         info, out_op, cpu_args, cpu_kwargs, names = self.info, self.out_op, self.cpu_args, self.cpu_kwargs, self.names
         if not (self.scratch or info.scratch_out):
+            views = [v for v in (cpu_kwargs[n] for n in names) if isinstance(v, torch.Tensor)]
+            strides = [v.stride() for v in views]
             try:
                 out_op(*cpu_args, **cpu_kwargs)
+                for view, stride in zip(views, strides):
+                    if view.stride() != stride:
+                        _restride_back(view, stride)
                 return
             except RuntimeError as exc:
                 if "not resizable" not in str(exc):
@@ -489,6 +494,14 @@ class _OutKernel:
             views = cpu_kwargs[n]
             for view, r in zip(*(([views], [result]) if isinstance(views, torch.Tensor) else (views, result))):
                 view.copy_(r)
+
+
+def _restride_back(view: torch.Tensor, stride: tuple) -> None:
+    """Undo an out= kernel's restriding of a host view (``max_unpool2d`` lays a channels-last result out
+    channels-last): the device tensor keeps the strides it was given, so the values are moved to them."""
+    values = view.clone()
+    view.as_strided_(view.size(), stride)
+    view.copy_(values)
 
 
 class _CopyKernel:
