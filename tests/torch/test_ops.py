@@ -429,6 +429,19 @@ def test_an_out_kernel_that_restrides_its_output_keeps_the_values():
     torch.testing.assert_close(got.cpu(), expected)
 
 
+@pytest.mark.parametrize("device", [None, "cpu", "openreg:0", "openreg:1"])
+def test_new_factories_put_the_result_on_the_device_asked_for(device):
+    if device == "openreg:1" and torch.openreg.device_count() < 2:
+        pytest.skip("needs two openreg devices (OPENREG_DEVICE_COUNT < 2)")
+    x = torch.ones(2, device=DEV)
+    want = torch.device(device) if device is not None else x.device
+    kwargs = {} if device is None else {"device": device}
+    for t in (x.new_empty_strided((2, 3), (1, 2), **kwargs), x.new_zeros((2, 3), **kwargs),
+              x.new_full((2,), 3.0, **kwargs), x.new_empty((1,), **kwargs), torch.zeros_like(x, **kwargs)):
+        assert t.device == want, t.device
+    assert x.new_empty_strided((2, 3), (1, 2), **kwargs).stride() == (1, 2)
+
+
 def test_embedding():
     check(F.embedding, torch.tensor([[0, 2], [1, 1]]), torch.randn(3, 4))
 

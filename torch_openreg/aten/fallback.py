@@ -610,6 +610,8 @@ def register_structured(lib: torch.library.Library) -> int:
         if packet.endswith("_"):
             continue  # in-place forms keep the wrapper: its out= meta run checks self-overlap at the call
         op = getattr(getattr(torch.ops.aten, packet), overload or "default")
+        if any(a.name == "device" for a in op._schema.arguments):
+            continue  # new_empty_strided(..., device="cpu"): the wrapper puts the result where it is asked
         lib.impl(name[len("aten::"):], functools.partial(fallback, op), "PrivateUse1")
         count += 1
     return count
