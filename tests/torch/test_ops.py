@@ -7,6 +7,7 @@ in-place ops return their input, ``out=`` writes where asked, data-dependent sha
 
 from __future__ import annotations
 
+import math
 import threading
 import warnings
 
@@ -130,6 +131,19 @@ def test_python_numbers_for_tensor_arguments():
     check(lambda t: (t % 0.1, torch.fmod(t, 0.1), t * 1j), f)  # the number keeps double precision
     check(lambda t: t % 300, torch.tensor([100, -7], dtype=torch.int8))  # wraps like the CPU kernel
     check(lambda t: (t & True, t | False), torch.tensor([True, False]))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_python_numbers_keep_their_precision_with_reduced_precision_tensors(dtype):
+    """A kernel reads a number operand in its computation type (float for bfloat16): rounding the
+    number to bfloat16 first gave ``x * sqrt(0.5)`` other bits than the CPU's (attention's scaling)."""
+    x = torch.randn(256).to(dtype)
+    xd = x.to(DEV)
+    for fn in (lambda t: t * math.sqrt(0.5), lambda t: t + 0.1, lambda t: t / 3.0, lambda t: 1.7 - t,
+               lambda t: torch.clamp(t, -0.3, 0.3)):
+        got, expected = fn(xd), fn(x)
+        assert got.dtype == expected.dtype
+        assert torch.equal(got.cpu(), expected)
 
 
 def test_scalar_promotion_does_not_depend_on_call_history():

@@ -340,10 +340,15 @@ def _wrap_numbers(info: OpInfo, args: tuple, kwargs: dict) -> tuple:
     args, kwargs = list(args), dict(kwargs)
     for i in numbers:
         value = info.value(args, kwargs, i)
-        # Built at full width, then cast, so out-of-range values wrap as the kernel would wrap them.
+        # Kept at full width, as a wrapped number is: kernels read a CPU scalar operand in their
+        # computation type (float for bfloat16), so rounding it to the tensor's dtype first would
+        # change results (bfloat16 x * 0.7071). Cast only where a full-width 0-dim tensor would
+        # promote differently from a number (an integer tensor times 2.5 is float32, not float64).
         wrapped = torch.tensor(value, dtype=_WIDE[type(value)])
         if ref is not None:
-            wrapped = wrapped.to(torch.result_type(ref, value))
+            want = torch.result_type(ref, value)
+            if torch.result_type(ref, wrapped) != want:
+                wrapped = wrapped.to(want)
         if i < len(args):
             args[i] = wrapped
         else:
