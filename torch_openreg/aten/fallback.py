@@ -20,6 +20,7 @@ outputs to the device.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -595,6 +596,24 @@ def convolution_backward_overrideable(
 # LITERALINCLUDE END: OVERRIDEABLE
 
 
+def _aten_op(packet: str, overload: str) -> torch._ops.OpOverload:
+    return getattr(getattr(torch.ops.aten, packet), overload or "default")
+
+
+def _route_directly(lib: torch.library.Library, wanted: Callable[[str, str, str], bool]) -> int:
+    """Register the fallback as the PrivateUse1 kernel of every ``aten`` overload without one that
+    ``wanted(name, packet, overload)`` accepts; returns the count."""
+    count = 0
+    for name in torch._C._dispatch_get_all_op_names():
+        if not name.startswith("aten::") or torch._C._dispatch_has_kernel_for_dispatch_key(name, "PrivateUse1"):
+            continue
+        packet, _, overload = name[len("aten::"):].partition(".")
+        if wanted(name, packet, overload):
+            lib.impl(name[len("aten::"):], functools.partial(fallback, _aten_op(packet, overload)), "PrivateUse1")
+            count += 1
+    return count
+
+
 # LITERALINCLUDE START: DIRECT STRUCTURED
 def register_structured(lib: torch.library.Library) -> int:
     """Send structured operators' functional forms straight to the fallback.
@@ -604,22 +623,14 @@ def register_structured(lib: torch.library.Library) -> int:
     calls ``add.out`` through the boxed fallback. Registering the fallback as the per-operator kernel
     of each such form skips the wrapper (and the boxed call, ~9 us, for a per-operator one, ~1.4 us);
     the fallback then allocates the output itself from the inferred metadata. Returns the count.
+    In-place forms keep the wrapper (its out= meta run checks self-overlap at the call), and so does
+    ``new_empty_strided`` (its wrapper puts the result on the ``device`` asked for).
     """
-    count = 0
-    for name in torch._C._dispatch_get_all_op_names():
-        if not name.startswith("aten::") or torch._C._dispatch_has_kernel_for_dispatch_key(name, "PrivateUse1"):
-            continue
-        if not torch._C._dispatch_has_kernel_for_dispatch_key(name, "CompositeExplicitAutogradNonFunctional"):
-            continue
-        packet, _, overload = name[len("aten::"):].partition(".")
-        if packet.endswith("_"):
-            continue  # in-place forms keep the wrapper: its out= meta run checks self-overlap at the call
-        op = getattr(getattr(torch.ops.aten, packet), overload or "default")
-        if any(a.name == "device" for a in op._schema.arguments):
-            continue  # new_empty_strided(..., device="cpu"): the wrapper puts the result where it is asked
-        lib.impl(name[len("aten::"):], functools.partial(fallback, op), "PrivateUse1")
-        count += 1
-    return count
+    return _route_directly(lib, lambda name, packet, overload: (
+        torch._C._dispatch_has_kernel_for_dispatch_key(name, "CompositeExplicitAutogradNonFunctional")
+        and not packet.endswith("_")
+        and not any(a.name == "device" for a in _aten_op(packet, overload)._schema.arguments)
+    ))
 # LITERALINCLUDE END: DIRECT STRUCTURED
 
 
@@ -635,17 +646,7 @@ def register_foreach(lib: torch.library.Library) -> int:
     launches. The fallback runs the CPU's ``_foreach_*`` kernel over host views of every tensor in
     the lists in one kernel instead. Returns the count.
     """
-    count = 0
-    for name in torch._C._dispatch_get_all_op_names():
-        if not name.startswith("aten::_foreach_"):
-            continue
-        if torch._C._dispatch_has_kernel_for_dispatch_key(name, "PrivateUse1"):
-            continue
-        packet, _, overload = name[len("aten::"):].partition(".")
-        if packet in FOREACH_KEEP_LOOP:
-            continue
-        op = getattr(getattr(torch.ops.aten, packet), overload or "default")
-        lib.impl(name[len("aten::"):], functools.partial(fallback, op), "PrivateUse1")
-        count += 1
-    return count
+    return _route_directly(
+        lib, lambda name, packet, overload: packet.startswith("_foreach_") and packet not in FOREACH_KEEP_LOOP
+    )
 # LITERALINCLUDE END: DIRECT FOREACH
