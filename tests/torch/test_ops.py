@@ -444,9 +444,9 @@ def test_an_out_kernel_that_restrides_its_output_keeps_the_values():
 
 
 @pytest.mark.parametrize("device", [None, "cpu", "openreg:0", "openreg:1"])
-def test_new_factories_put_the_result_on_the_device_asked_for(device):
-    if device == "openreg:1" and torch.openreg.device_count() < 2:
-        pytest.skip("needs two openreg devices (OPENREG_DEVICE_COUNT < 2)")
+def test_new_factories_put_the_result_on_the_device_asked_for(device, request):
+    if device == "openreg:1":
+        request.getfixturevalue("two_devices")  # skips with one device
     x = torch.ones(2, device=DEV)
     want = torch.device(device) if device is not None else x.device
     kwargs = {} if device is None else {"device": device}
