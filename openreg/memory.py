@@ -80,6 +80,7 @@ def _register(alloc: Allocation) -> None:
 
 
 def _unregister(alloc: Allocation) -> None:
+    _interior.clear()  # rare (a segment going back to the OS): simpler than finding its entries
     del _allocs[alloc.ptr]
     del _bases[bisect.bisect_left(_bases, alloc.ptr)]
     _freed[alloc.ptr] = None
@@ -96,12 +97,33 @@ def find(ptr: int, *, mapped: bool = False) -> Allocation | None:
     if alloc is not None:
         return alloc
     with _lock:
-        i = bisect.bisect_right(_bases, ptr) - 1
-        if i >= 0:
-            alloc = _allocs[_bases[i]]
-            if ptr < alloc.ptr + (alloc.mapped if mapped else max(alloc.size, 1)):
-                return alloc
+        return _containing(ptr, mapped)
+
+
+def _containing(ptr: int, mapped: bool = False) -> Allocation | None:
+    """:func:`find` for an interior pointer, with ``_lock`` held."""
+    i = bisect.bisect_right(_bases, ptr) - 1
+    if i >= 0:
+        alloc = _allocs[_bases[i]]
+        if ptr < alloc.ptr + (alloc.mapped if mapped else max(alloc.size, 1)):
+            return alloc
     return None
+
+
+# Interior pointer -> allocation, for launches: the caching allocator carves tensors out of large
+# allocations, so nearly every pointer a launch names is interior, and the same ones recur.
+_interior: dict[int, Allocation] = {}
+_INTERIOR_SIZE = 1 << 16
+
+
+def _launch_target(ptr: int) -> Allocation | None:
+    """The allocation a launch's pointer lies in (``_lock`` held): :func:`_containing`, remembered."""
+    alloc = _containing(ptr)
+    if alloc is not None:
+        if len(_interior) >= _INTERIOR_SIZE:
+            _interior.clear()
+        _interior[ptr] = alloc
+    return alloc
 
 
 # LITERALINCLUDE START: RUNTIME MALLOC
@@ -268,27 +290,29 @@ def acquire(buffers: tuple | list) -> list[Span]:
     ``mprotect``, which grows with the number of pages, proportional to what the kernel touches.
     """
     spans = []
+    mask = ~(_libc.PAGE - 1)  # allocations are page-aligned, so a page starts at ptr & mask
     with _lock:
         for buffer in buffers:
-            ptr, nbytes = (buffer, None) if isinstance(buffer, int) else buffer
+            ptr, nbytes = (buffer, None) if type(buffer) is int else buffer
             if not ptr:
                 continue
-            alloc = find(ptr)
+            alloc = _allocs.get(ptr) or _interior.get(ptr) or _launch_target(ptr)
             if alloc is None or alloc.free_pending:
                 raise OpenRegError(
                     ErrorCode.INVALID_POINTER, f"launch names 0x{ptr:x}, which is not live openreg memory"
                 )
+            base = alloc.ptr
             if nbytes is None:
-                lo, hi = alloc.ptr, alloc.ptr + alloc.mapped
+                lo, hi = base, base + alloc.mapped
             else:
-                if nbytes < 0 or ptr + nbytes > alloc.ptr + alloc.size:
+                if nbytes < 0 or ptr + nbytes > base + alloc.size:
                     raise OpenRegError(
                         ErrorCode.INVALID_VALUE,
-                        f"launch names {nbytes} bytes at 0x{ptr:x}, beyond the allocation at 0x{alloc.ptr:x} "
+                        f"launch names {nbytes} bytes at 0x{ptr:x}, beyond the allocation at 0x{base:x} "
                         f"of {alloc.size} bytes",
                     )
-                lo = alloc.ptr + (ptr - alloc.ptr) // _libc.PAGE * _libc.PAGE
-                hi = min(alloc.ptr + alloc.mapped, _libc.round_up(ptr + max(nbytes, 1) - alloc.ptr) + alloc.ptr)
+                lo = ptr & mask
+                hi = min(base + alloc.mapped, (ptr + (nbytes or 1) + _libc.PAGE - 1) & mask)
             alloc.uses += 1
             spans.append((alloc, lo, hi))
     return spans

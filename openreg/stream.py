@@ -55,7 +55,7 @@ class _Queue:
 
     def __init__(self, device: int, stream_id: int) -> None:
         self.device, self.id = device, stream_id
-        lock = threading.Lock()
+        self.lock = lock = threading.Lock()
         self.cond = threading.Condition(lock)  # hosts waiting for items to finish
         self.wake = threading.Condition(lock)  # the worker, in a deep sleep, waiting for a launch
         self.items: collections.deque[_Item] = collections.deque()
@@ -266,9 +266,9 @@ class Stream:
         when ``fn`` runs; they are closed again by the time the host has synchronized.
         """
         start()
-        spans = memory.acquire(buffers)
+        spans = memory.acquire(buffers) if buffers else []
         q = self._q
-        with q.cond:
+        with q.lock:  # the conditions' lock, taken directly: cheaper than entering a Condition
             q.launched += 1
             seq = q.launched
             q.items.append(_Item(fn, args, spans, name, seq))
@@ -343,12 +343,23 @@ def default_stream(device: int | None = None) -> Stream:
 
 
 def current_stream(device: int | None = None) -> Stream:
-    """The calling thread's current stream on ``device`` (the default stream until set)."""
-    device = check_device(get_device() if device is None else device)
+    """The calling thread's current stream on ``device`` (the default stream until set).
+
+    Every launch and allocation asks for it: the common answers come from two dictionary
+    look-ups; only an unknown device (checked, raising INVALID_DEVICE) or a first use takes the
+    long way.
+    """
+    if device is None:
+        device = get_device()
+    elif type(device) is not int:
+        device = check_device(device)
     current = getattr(_local, "streams", None)
-    if current is not None and device in current:
-        return current[device]
-    return default_stream(device)
+    if current is not None:
+        stream = current.get(device)
+        if stream is not None:
+            return stream
+    stream = _default.get(device)
+    return stream if stream is not None else default_stream(device)
 
 
 def set_stream(stream: Stream) -> Stream:

@@ -28,7 +28,7 @@ import torch
 import openreg
 from torch_openreg import _C
 
-from .launch import host_view, launch, run_sync
+from .launch import _detach, host_view, launch, launch_extents, run_sync
 
 # LITERALINCLUDE START: NEVER FALLBACK
 # Operators whose CPU kernel would be wrong for device memory: they raise instead.
@@ -95,6 +95,11 @@ class OpInfo:
         self.sync_only = not tensor_only or schema.name in CPU_DECIDES_OUTPUTS
         self.cpu_statistics = schema.name in CPU_STATISTICS
         self.out_names = self._out_overload_names(op)
+        # Call plans by argument key (see _Plan), for the operators that run through an out= kernel
+        # and need nothing but their arguments: no generator, no device argument.
+        writes_out = self.out_names or (self.out_kwargs and all(kind != FRESH for kind, _ in self.returns))
+        plannable = writes_out and not (self.blocked or self.sync_only or self.generators or "device" in self.positions)
+        self.plans: dict[tuple, _Plan] | None = {} if plannable else None
 
     def _out_overload_names(self, op: torch._ops.OpOverload) -> list[str] | None:
         """Names of the ``out=`` arguments of this functional op's out overload, if it has one."""
@@ -364,15 +369,34 @@ def fallback(op: torch._ops.OpOverload, *args: Any, **kwargs: Any) -> Any:
     info = _infos.get(op)
     if info is None:
         info = _infos[op] = OpInfo(op)
+    described = None
+    if info.plans is not None:  # the fast path: a call of a shape seen before runs its plan
+        described = _C._describe_call(args, kwargs, info.numbers_by_type)
+        if described is not None:
+            try:
+                plan = info.plans.get(described[0])
+            except TypeError:  # an unhashable argument: only the general path takes it
+                plan = described = None
+            if plan is not None:
+                return _run(plan, described, args, kwargs)
     if info.blocked:
         raise NotImplementedError(f"{info.name} is not supported on the openreg device: {info.blocked}")
+    given = args, kwargs
     args, kwargs = _wrap_numbers(info, args, kwargs)
     tensors = _tensors(args, kwargs)
     device = _device_of(info, tensors, kwargs)
     if not info.sync_only:
         meta = _meta_outputs(op, info, args, kwargs, device)
         if meta is not SYNC:
-            return _run_async(op, info, args, kwargs, tensors, device, meta)
+            plan = _plan(op, info, args, kwargs, tensors, device, meta, given) if info.plans is not None else None
+            if plan is None:
+                return _run_async(op, info, args, kwargs, tensors, device, meta)
+            if described is not None and plan.cacheable:
+                _remember(info, described[0], plan)
+            else:
+                described = [None, *_swap(args, kwargs, info, device, _host_view_or_snapshot, "cpu"),
+                             _C._extents(tensors)]
+            return _run(plan, described, args, kwargs)
     return _run_sync(op, info, args, kwargs, tensors, device)
 # LITERALINCLUDE END: FALLBACK
 
@@ -409,10 +433,13 @@ def _view_of(base: torch.Tensor, m: torch.Tensor, device: torch.device) -> torch
     return view
 
 
-def _match(real: torch.Tensor, m: torch.Tensor) -> None:
-    """Give an ``out=``/in-place argument the shape and strides the operator gives it (resizing storage)."""
+def _match(real: torch.Tensor, m: torch.Tensor) -> bool:
+    """Give an ``out=``/in-place argument the shape and strides the operator gives it (resizing storage);
+    returns whether it already had them."""
     if real.size() != m.size() or (real.numel() > 1 and real.stride() != m.stride()):
         real.set_(real.untyped_storage(), real.storage_offset(), m.size(), m.stride())
+        return False
+    return True
 # LITERALINCLUDE END: OUTPUTS
 
 
@@ -424,17 +451,8 @@ def _run_async(op, info: OpInfo, args, kwargs, tensors, device: torch.device, me
     cpu_args, cpu_kwargs = _swap(args, kwargs, info, device, _host_view_or_snapshot, "cpu")
     fresh = [(i, o) for i, ((kind, _), o) in enumerate(zip(info.returns, outs)) if kind == FRESH]
     written = [t for _, o in fresh for t in (o if isinstance(o, (list, tuple)) else [o]) if t is not None]
-    if info.out_names and all(o is not None for _, o in fresh):
-        for name, (_, o) in zip(info.out_names, fresh):
-            cpu_kwargs[name] = host_view(o)
-        scratch = _reduces(info, written, tensors)
-        kernel = _OutKernel(info, info.out_op, cpu_args, cpu_kwargs, info.out_names, scratch, functional=op)
-    elif info.out_kwargs and not fresh:  # an out= overload called directly
-        outs_given = _tensors(tuple(info.value(args, kwargs, info.positions[n]) for n in info.out_kwargs), {})
-        kernel = _OutKernel(info, op, cpu_args, cpu_kwargs, info.out_kwargs, _reduces(info, outs_given, tensors))
-    else:
-        targets = [(i, _map(o, host_view)) for i, o in fresh]
-        kernel = _CopyKernel(op, cpu_args, cpu_kwargs, targets, len(info.returns))
+    targets = [(i, _map(o, host_view)) for i, o in fresh]
+    kernel = _CopyKernel(op, cpu_args, cpu_kwargs, targets, len(info.returns))
     launch(device.index, kernel, tensors=[*tensors, *written], name=info.name)
     return _pack(outs)
 
@@ -447,6 +465,97 @@ def _host_view_or_snapshot(t: torch.Tensor) -> torch.Tensor:
     """For a queued kernel: CPU scalars and indices are read now, as CUDA copies them at the call."""
     return host_view(t) if t.get_device() >= 0 else t.clone()
 # LITERALINCLUDE END: RUN ASYNC
+
+
+# LITERALINCLUDE START: PLAN
+_PLANS_SIZE = 8192
+_plan_count = 0
+
+
+class _Plan:
+    """How calls of one shape run: everything the general path works out from the arguments' metadata
+    (outputs, kernel, scratch rule, numbers to wrap), kept under the key ``_C._describe_call`` gives.
+
+    A call whose key has a plan costs one bridge call for its key, host views and extents, one per
+    fresh output, the kernel object and the launch: no meta run, no walk over the arguments in Python.
+    """
+
+    __slots__ = ("op", "info", "index", "metas", "wrapped", "scratch", "cacheable")
+
+    def __init__(self, op, info: OpInfo, index: int, metas: list | None, wrapped: tuple, scratch: bool) -> None:
+        self.op, self.info, self.index, self.metas = op, info, index, metas
+        self.wrapped, self.scratch = wrapped, scratch
+        self.cacheable = True  # whether a later call with the same key may run this plan as it is
+
+    def run(self, host_args, host_kwargs: dict, extents: list, args: tuple, kwargs: dict) -> Any:
+        info = self.info
+        if self.wrapped:
+            host_args = list(host_args)
+            for i, number in self.wrapped:
+                host_args[i] = number
+        if self.metas is not None:  # a functional operator, computed by its out= overload into fresh outputs
+            outs = []
+            for name, m in zip(info.out_names, self.metas):
+                out, host_kwargs[name], where = _C._empty_like_meta(m, self.index)
+                outs.append(out)
+                extents.append(where)
+            kernel = _OutKernel(info, info.out_op, host_args, host_kwargs, info.out_names, self.scratch, self.op)
+        else:  # an out= overload called directly: it returns its out= arguments
+            outs = [info.value(args, kwargs, arg) for _, arg in info.returns]
+            kernel = _OutKernel(info, self.op, host_args, host_kwargs, info.out_kwargs, self.scratch)
+        launch_extents(self.index, kernel, extents=extents, name=info.name)
+        return _pack(outs)
+
+
+def _run(plan: _Plan, described: list, args: tuple, kwargs: dict) -> Any:
+    """Run a plan over a call's ``[key, host args, host kwargs, extents]``.
+
+    An error (out of memory, a forked child) leaves without the frames below this one, and with
+    ``described`` emptied: the host views of device memory in them would fault a debugger or test
+    runner that formats the frames' variables.
+    """
+    try:
+        return plan.run(described[1], described[2], described[3], args, kwargs)
+    except Exception as exc:  # noqa: BLE001 - re-raised below, without the frames that hold the views
+        error = exc
+    described.clear()
+    _detach(error, "fallback")
+    raise error
+
+
+def _plan(op, info: OpInfo, args, kwargs, tensors, device: torch.device, meta, given: tuple) -> _Plan | None:
+    """The plan of a call the general path has checked and inferred (``meta``), for an operator that runs
+    through an out= kernel; None when an output is absent (the general path runs it)."""
+    metas = [meta] if len(info.returns) == 1 else list(meta or ())
+    if any(not isinstance(m, torch.Tensor) for m in metas) and info.out_names:
+        return None
+    numbers = [i for i in info.tensor_args if isinstance(info.value(*given, i), _NUMBERS)]
+    wrapped = tuple((i, args[i]) for i in numbers if i < len(args))
+    if info.out_names:
+        plan = _Plan(op, info, device.index, metas, wrapped, _reduces(info, metas, tensors))
+    else:
+        outs_given = _tensors(tuple(info.value(args, kwargs, info.positions[n]) for n in info.out_kwargs), {})
+        plan = _Plan(op, info, device.index, None, wrapped, _reduces(info, outs_given, tensors))
+        for (_, arg), m in zip(info.returns, metas):
+            real = info.value(args, kwargs, arg)
+            for r, mm in ((real, m),) if isinstance(real, torch.Tensor) else zip(real, m):
+                plan.cacheable &= _match(r, mm)  # a resize depends on more than the key: not remembered
+    # Numbers passed for Tensor arguments: the key has their values, so their wrapped tensors are the plan's.
+    if numbers and (info.numbers_by_type or numbers[-1] >= len(args)):
+        plan.cacheable = False
+    return plan
+
+
+def _remember(info: OpInfo, key: tuple, plan: _Plan) -> None:
+    global _plan_count
+    if _plan_count >= _PLANS_SIZE:
+        for other in _infos.values():
+            if other.plans:
+                other.plans.clear()
+        _plan_count = 0
+    info.plans[key] = plan
+    _plan_count += 1
+# LITERALINCLUDE END: PLAN
 
 
 def _reduces(info: OpInfo, outputs: list, tensors: list) -> bool:

@@ -32,14 +32,14 @@ def host_views(*tensors: torch.Tensor | None) -> list[torch.Tensor | None]:
     return [host_view(t) if t is not None else None for t in tensors]
 
 
-def _detach(exc: BaseException | None) -> None:
+def _detach(exc: BaseException | None, where: str = "kernel") -> None:
     """Drop the frames of a kernel's exception: their arguments are host views of device memory.
 
     Outside the kernel those views point at protected memory: a test runner or debugger that
     formats the frames' arguments would fault. The traceback is kept as text, in a note.
     """
     if hasattr(exc, "add_note") and exc.__traceback__ is not None:
-        exc.add_note("kernel traceback:\n" + "".join(traceback.format_tb(exc.__traceback__)).rstrip())
+        exc.add_note(f"{where} traceback:\n" + "".join(traceback.format_tb(exc.__traceback__)).rstrip())
     seen = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
@@ -67,9 +67,14 @@ class _Kernel:
 # LITERALINCLUDE START: LAUNCH
 def launch(device: int, fn: Callable[..., Any], *args: Any, tensors: tuple | list, name: str) -> tuple:
     """Queue ``fn(*args)`` on ``device``'s current stream; returns ``(stream, seq)``."""
-    stream = openreg.current_stream(device)
     # the storages' extents: the runtime opens only their pages while the kernel runs
-    return stream, stream.launch(_Kernel(fn, args), buffers=_C._extents(tensors), name=name)
+    return launch_extents(device, fn, *args, extents=_C._extents(tensors), name=name)
+
+
+def launch_extents(device: int, fn: Callable[..., Any], *args: Any, extents: list, name: str) -> tuple:
+    """:func:`launch` for a caller that has the ``(pointer, nbytes)`` extents already."""
+    stream = openreg.current_stream(device)
+    return stream, stream.launch(_Kernel(fn, args), buffers=extents, name=name)
 
 
 def run_sync(device: int, fn: Callable[..., Any], *args: Any, tensors: tuple | list, name: str) -> Any:

@@ -14,6 +14,8 @@ void register_serialization();
 void set_backend_meta(const at::Tensor& t, int64_t format);
 std::optional<int64_t> get_backend_meta(const at::Tensor& t);
 void copy_backend_meta(const at::Tensor& src, const at::Tensor& dst);
+py::object describe_call(const py::tuple& args, const py::dict& kwargs, bool numbers_by_type);
+py::tuple empty_like_meta(const at::Tensor& meta, c10::DeviceIndex index);
 
 // LITERALINCLUDE START: HOST VIEW
 // A CPU tensor over the same bytes as an openreg tensor (same sizes, strides,
@@ -84,6 +86,9 @@ PYBIND11_MODULE(_C, m) {
       },
       "(storage base, storage bytes) of each openreg tensor: the extents a launch names");
   // LITERALINCLUDE END: EXTENTS
+  m.def("_describe_call", &openreg::describe_call,
+        "[key, host args, host kwargs, extents] of an operator call, or None (the fallback's fast path)");
+  m.def("_empty_like_meta", &openreg::empty_like_meta, "(openreg tensor shaped like a meta tensor, host view, extent)");
   m.def("_set_backend_meta", &openreg::set_backend_meta, "attach openreg backend metadata (a format number)");
   m.def("_get_backend_meta", &openreg::get_backend_meta, "the openreg backend metadata of a tensor, or None");
   m.def("_copy_backend_meta", &openreg::copy_backend_meta, "clone src's backend metadata onto dst");

@@ -1,0 +1,163 @@
+"""The fallback's call plans: a call whose arguments have the metadata of an earlier one runs that
+call's plan (no meta run, no walk over the arguments in Python), and must compute exactly what the
+general path and the CPU compute."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from torch_openreg.aten import fallback
+
+DEV = torch.device("openreg", 0)
+
+
+@pytest.fixture
+def meta_runs(monkeypatch):
+    """Count the general path's output inference (``_meta_outputs``)."""
+    calls = []
+    real = fallback._meta_outputs
+
+    def counting(op, *args, **kwargs):
+        calls.append(op)
+        return real(op, *args, **kwargs)
+
+    monkeypatch.setattr(fallback, "_meta_outputs", counting)
+    return calls
+
+
+def test_a_call_of_a_known_shape_runs_its_plan(meta_runs):
+    a, b = torch.randn(5, 7), torch.randn(5, 7)
+    da, db = a.to(DEV), b.to(DEV)
+    torch.testing.assert_close((da + db).cpu(), a + b)
+    assert torch.ops.aten.add.Tensor in meta_runs
+    meta_runs.clear()
+    for _ in range(3):
+        a, b = torch.randn(5, 7), torch.randn(5, 7)
+        torch.testing.assert_close((a.to(DEV) + b.to(DEV)).cpu(), a + b)
+    assert torch.ops.aten.add.Tensor not in meta_runs
+
+
+CASES = {
+    "contiguous": lambda x, y: x + y,
+    "broadcast": lambda x, y: x[:1] * y,
+    "transposed": lambda x, y: x.t() - y.t(),
+    "offset view": lambda x, y: x[1:, 2:] + y[:-1, :-2],
+    "int number": lambda x, y: x * 2,
+    "float number": lambda x, y: x * 2.5,
+    "bool number": lambda x, y: x + True,
+    "integer tensor and float number": lambda x, y: x.long() * 2.5,
+    "cpu scalar tensor": lambda x, y: x * torch.tensor(3.0),
+    "double cpu scalar": lambda x, y: x * torch.tensor(3.0, dtype=torch.float64),
+    "int list": lambda x, y: x.sum([0, 1]),
+    "tensor list": lambda x, y: torch.cat([x, y, x], 1),
+    "reduction with keyword": lambda x, y: x.sum(1, keepdim=True),
+    "two outputs": lambda x, y: torch.max(x, 1),
+    "out=": lambda x, y: torch.mul(x, y, out=torch.empty_like(x)),
+    "in place": lambda x, y: x.clone().mul_(y).add_(1.5),
+    "bfloat16 with a float": lambda x, y: x.bfloat16() * 0.7071,
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_plans_compute_what_the_cpu_computes(name):
+    """Each call shape three times with fresh values: the first takes the general path, the rest the plan."""
+    fn = CASES[name]
+    for _ in range(3):
+        x, y = torch.randn(4, 6), torch.randn(4, 6)
+        expected = fn(x, y)
+        got = fn(x.to(DEV), y.to(DEV))
+        for g, e in zip(*(((got,), (expected,)) if isinstance(expected, torch.Tensor) else (got, expected))):
+            assert g.device == DEV and g.dtype == e.dtype and g.shape == e.shape and g.stride() == e.stride()
+            torch.testing.assert_close(g.cpu(), e)
+
+
+def test_numbers_of_one_shape_but_other_values_or_types_get_their_own_results():
+    x = torch.arange(6.0, device=DEV)
+    for number in (2, 3, 2.0, 2.5, True, False, 2, 3):
+        torch.testing.assert_close((x * number).cpu(), torch.arange(6.0) * number)
+    i = torch.arange(6, device=DEV)
+    assert (i * 2).dtype == torch.int64 and (i * 2.0).dtype == torch.float32 and (i * True).dtype == torch.int64
+
+
+def test_a_cpu_scalar_is_read_at_the_call_on_the_fast_path():
+    x = torch.zeros(3, device=DEV)
+    s = torch.tensor(1.0)
+    for _ in range(2):
+        x + s  # the plan exists after the first call
+    big = torch.randn(256, 256, device=DEV)
+    y = big
+    for _ in range(8):  # keep the stream busy, so that the addition below is still queued
+        y = torch.tanh(y @ big)
+    z = x + s
+    s.fill_(100.0)
+    torch.testing.assert_close(z.cpu(), torch.ones(3))
+
+
+def test_an_out_call_that_resizes_its_output_is_not_remembered():
+    a, b = torch.randn(8), torch.randn(8)
+    for _ in range(3):
+        out = torch.empty(0, device=DEV)
+        result = torch.add(a.to(DEV), b.to(DEV), out=out)
+        assert result is out and out.shape == (8,)
+        torch.testing.assert_close(out.cpu(), a + b)
+
+
+def test_mixed_devices_raise_after_a_plan_for_one_device_exists(two_devices):
+    a0, b0 = torch.ones(4, device="openreg:0"), torch.ones(4, device="openreg:0")
+    b1 = torch.ones(4, device="openreg:1")
+    for _ in range(2):
+        a0 + b0
+    with pytest.raises(RuntimeError, match="same device"):
+        a0 + b1
+    with pytest.raises(RuntimeError, match="same device"):
+        a0 + torch.ones(4)  # a CPU tensor that is not a 0-dim scalar
+    torch.testing.assert_close((b1 + b1).cpu(), torch.full((4,), 2.0))
+
+
+def test_a_plan_runs_on_the_device_of_its_arguments(two_devices):
+    for index in (0, 1, 0, 1):
+        x = torch.full((3,), float(index), device=f"openreg:{index}")
+        y = x + 1
+        assert y.device == torch.device("openreg", index)
+        torch.testing.assert_close(y.cpu(), torch.full((3,), index + 1.0))
+
+
+def test_the_plan_table_is_bounded(monkeypatch):
+    monkeypatch.setattr(fallback, "_PLANS_SIZE", 4)
+    for n in range(1, 12):
+        x = torch.arange(float(n), device=DEV)
+        torch.testing.assert_close((x + x).cpu(), 2 * torch.arange(float(n)))
+    assert sum(len(info.plans) for info in fallback._infos.values() if info.plans) <= 4
+
+
+def test_out_of_memory_in_a_planned_call_leaves_no_host_views_in_the_traceback():
+    """The error's frames are formatted with their local variables (as a debugger or ``pytest -l`` does):
+    a host view of device memory among them would fault. Memory comes back to its baseline."""
+    code = """
+import traceback, torch
+x = torch.ones(1 << 20, device="openreg")
+for _ in range(2):
+    x + x
+torch.openreg.synchronize()
+base = torch.openreg.memory_allocated()
+torch.openreg.set_per_process_memory_fraction(torch.openreg.memory_reserved() / (4 << 30))
+kept = []
+try:
+    for _ in range(64):
+        kept.append(x + x)
+except torch.OutOfMemoryError as exc:
+    error = exc
+kept.clear()
+torch.openreg.set_per_process_memory_fraction(1.0)  # formatting the user's tensors allocates
+text = "".join(traceback.TracebackException.from_exception(error, capture_locals=True).format())
+print("OOM", "out of memory" in text)
+torch.openreg.synchronize()
+print(torch.openreg.memory_allocated() == base)
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["OOM", "True", "True"]
