@@ -80,7 +80,7 @@ def _register(alloc: Allocation) -> None:
 
 
 def _unregister(alloc: Allocation) -> None:
-    _interior.clear()  # rare (a segment going back to the OS): simpler than finding its entries
+    _spans.clear()  # rare (a segment going back to the OS): simpler than finding its entries
     del _allocs[alloc.ptr]
     del _bases[bisect.bisect_left(_bases, alloc.ptr)]
     _freed[alloc.ptr] = None
@@ -108,22 +108,6 @@ def _containing(ptr: int, mapped: bool = False) -> Allocation | None:
         if ptr < alloc.ptr + (alloc.mapped if mapped else max(alloc.size, 1)):
             return alloc
     return None
-
-
-# Interior pointer -> allocation, for launches: the caching allocator carves tensors out of large
-# allocations, so nearly every pointer a launch names is interior, and the same ones recur.
-_interior: dict[int, Allocation] = {}
-_INTERIOR_SIZE = 1 << 16
-
-
-def _launch_target(ptr: int) -> Allocation | None:
-    """The allocation a launch's pointer lies in (``_lock`` held): :func:`_containing`, remembered."""
-    alloc = _containing(ptr)
-    if alloc is not None:
-        if len(_interior) >= _INTERIOR_SIZE:
-            _interior.clear()
-        _interior[ptr] = alloc
-    return alloc
 
 
 # LITERALINCLUDE START: RUNTIME MALLOC
@@ -290,32 +274,51 @@ def acquire(buffers: tuple | list) -> list[Span]:
     ``mprotect``, which grows with the number of pages, proportional to what the kernel touches.
     """
     spans = []
-    mask = ~(_libc.PAGE - 1)  # allocations are page-aligned, so a page starts at ptr & mask
     with _lock:
         for buffer in buffers:
-            ptr, nbytes = (buffer, None) if type(buffer) is int else buffer
-            if not ptr:
-                continue
-            alloc = _allocs.get(ptr) or _interior.get(ptr) or _launch_target(ptr)
-            if alloc is None or alloc.free_pending:
+            span = _spans.get(buffer) or _span_of(buffer)
+            if span is None:
+                continue  # a null pointer: an empty tensor names no memory
+            alloc = span[0]
+            if alloc.free_pending:
+                ptr = buffer if type(buffer) is int else buffer[0]
                 raise OpenRegError(
                     ErrorCode.INVALID_POINTER, f"launch names 0x{ptr:x}, which is not live openreg memory"
                 )
-            base = alloc.ptr
-            if nbytes is None:
-                lo, hi = base, base + alloc.mapped
-            else:
-                if nbytes < 0 or ptr + nbytes > base + alloc.size:
-                    raise OpenRegError(
-                        ErrorCode.INVALID_VALUE,
-                        f"launch names {nbytes} bytes at 0x{ptr:x}, beyond the allocation at 0x{base:x} "
-                        f"of {alloc.size} bytes",
-                    )
-                lo = ptr & mask
-                hi = min(base + alloc.mapped, (ptr + (nbytes or 1) + _libc.PAGE - 1) & mask)
             alloc.uses += 1
-            spans.append((alloc, lo, hi))
+            spans.append(span)
     return spans
+
+
+# Buffer -> its span, for launches: the same tensors' extents recur launch after launch, and nearly
+# all of them are interior pointers (the caching allocator carves tensors out of large allocations).
+_spans: dict = {}
+_SPANS_SIZE = 1 << 16
+
+
+def _span_of(buffer: int | tuple[int, int]) -> Span | None:
+    """The pages a launch's buffer covers (``_lock`` held), checked against its allocation and remembered."""
+    ptr, nbytes = (buffer, None) if type(buffer) is int else buffer
+    if not ptr:
+        return None
+    alloc = _allocs.get(ptr) or _containing(ptr)
+    if alloc is None or alloc.free_pending:
+        raise OpenRegError(ErrorCode.INVALID_POINTER, f"launch names 0x{ptr:x}, which is not live openreg memory")
+    base = alloc.ptr
+    if nbytes is None:
+        span = (alloc, base, base + alloc.mapped)
+    else:
+        if nbytes < 0 or ptr + nbytes > base + alloc.size:
+            raise OpenRegError(
+                ErrorCode.INVALID_VALUE,
+                f"launch names {nbytes} bytes at 0x{ptr:x}, beyond the allocation at 0x{base:x} of {alloc.size} bytes",
+            )
+        mask = ~(_libc.PAGE - 1)  # allocations are page-aligned, so a page starts at ptr & mask
+        span = (alloc, ptr & mask, min(base + alloc.mapped, (ptr + (nbytes or 1) + _libc.PAGE - 1) & mask))
+    if len(_spans) >= _SPANS_SIZE:
+        _spans.clear()
+    _spans[buffer] = span
+    return span
 
 
 def _merged(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
