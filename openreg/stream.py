@@ -60,6 +60,7 @@ class _Queue:
         self.wake = threading.Condition(lock)  # the worker, in a deep sleep, waiting for a launch
         self.items: collections.deque[_Item] = collections.deque()
         self.busy = False  # an item is running (on the worker or a stealing caller)
+        self.waiters = 0  # hosts blocked in wait_for (notifying nobody costs a lock probe)
         self.launched = 0  # sequence number of the last launched item
         self.done = 0  # sequence number of the last finished item
         self.error: OpenRegError | None = None
@@ -80,7 +81,7 @@ class _Queue:
         synchronizes with the stream (:meth:`wait_for`, :meth:`settle`), until the stream has been
         idle for ``_LINGER`` seconds, or until ``_CLOSE_EVERY`` spans have piled up.
         """
-        started = time.perf_counter_ns()
+        started = time.perf_counter_ns() if _observers else 0
         try:
             if not item.granted:
                 memory.grant(item.spans)
@@ -95,19 +96,25 @@ class _Queue:
                 error.__cause__ = exc
                 self.error = error
         finally:
-            for observer in _observers:
-                try:
-                    observer(item.name, self.device, self.id, started, time.perf_counter_ns())
-                except Exception:  # noqa: BLE001 - a broken observer must not wedge the stream
-                    print(f"openreg: launch observer {observer!r} failed after {item.name}:", file=sys.stderr)
-                    traceback.print_exc()
+            if _observers:
+                self._observe(item, started)
         if len(self.open) > _CLOSE_EVERY:
             self._close_open()
-        with self.cond:
+        with self.lock:
             self.busy = False
             self.done = item.seq
             self.last_done = time.monotonic()
-            self.cond.notify_all()
+            if self.waiters:
+                self.cond.notify_all()
+
+    def _observe(self, item: _Item, started: int) -> None:
+        ended = time.perf_counter_ns()
+        for observer in _observers:
+            try:
+                observer(item.name, self.device, self.id, started, ended)
+            except Exception:  # noqa: BLE001 - a broken observer must not wedge the stream
+                print(f"openreg: launch observer {observer!r} failed after {item.name}:", file=sys.stderr)
+                traceback.print_exc()
 
     def _close_open(self) -> None:
         """Close what finished items left open and let their frees through (the caller holds ``busy``)."""
@@ -129,7 +136,8 @@ class _Queue:
         finally:
             self.cond.acquire()
             self.busy = False
-            self.cond.notify_all()
+            if self.waiters:
+                self.cond.notify_all()
         return True
     # LITERALINCLUDE END: STREAM RUN
 
@@ -147,10 +155,10 @@ class _Queue:
                 if self.done >= seq:
                     if self.items or self._settled() or not self.busy:
                         return
-                    self.cond.wait()  # the last item is finishing: close after it
+                    self._wait()  # the last item is finishing: close after it
                     continue
                 if self.busy or not self.items:
-                    self.cond.wait()
+                    self._wait()
                     continue
                 item = self.items.popleft()
                 self.busy = True
@@ -161,6 +169,14 @@ class _Queue:
             if ahead:
                 self._grant_ahead(ahead)
             self.run(item)
+
+    def _wait(self) -> None:
+        """Wait for an item to finish (with the lock held)."""
+        self.waiters += 1
+        try:
+            self.cond.wait()
+        finally:
+            self.waiters -= 1
 
     def _grant_ahead(self, items: list[_Item]) -> None:
         """Open the pages of queued items this waiting host will run next, in one pass (holding ``busy``).
