@@ -121,6 +121,8 @@ class OpInfo:
             names = [a.name for a in out_args if a.kwarg_only and a.alias_info and a.alias_info.is_write]
             rest = [(a.name, str(a.type)) for a in out_args if a.name not in names]
             if names and rest == inputs and len(names) == len(self.returns):
+                if _copies_after_all(out_op):
+                    return None
                 self.out_op = out_op
                 return names
         return None
@@ -131,6 +133,15 @@ class OpInfo:
         a = self.arguments[index]
         return kwargs.get(a.name, a.default_value if a.has_default_value() else None)
 # LITERALINCLUDE END: OP INFO
+
+
+def _copies_after_all(out_op: torch._ops.OpOverload) -> bool:
+    """Whether an out= overload is PyTorch's generated one for the CPU (``convolution.out``,
+    ``native_layer_norm.out``, ``clone.out``): it runs the functional kernel into a new tensor and copies
+    that into ``out``. The functional kernel, with its outputs allocated in device memory, does better."""
+    name = out_op.name()
+    has = torch._C._dispatch_has_kernel_for_dispatch_key
+    return not has(name, "CPU") and has(name, "CompositeExplicitAutograd")
 
 
 _infos: dict[torch._ops.OpOverload, OpInfo] = {}
@@ -629,19 +640,51 @@ class _CopyKernel:
         self.op, self.cpu_args, self.cpu_kwargs = op, cpu_args, cpu_kwargs
         self.targets, self.nreturns = targets, nreturns
 
+    # LITERALINCLUDE START: COPY KERNEL
     def __call__(self) -> None:
-        result = self.op(*self.cpu_args, **self.cpu_kwargs)
-        if self.nreturns == 0:  # an operator returning nothing (e.g. _amp_foreach_non_finite_check_and_unscale_)
-            return
-        results = [result] if self.nreturns == 1 else list(result)
+        # The CPU kernel's allocations of the outputs' sizes come from the outputs' device memory
+        # (csrc/cpu_outputs.cpp): a result that lands there in the output's layout is computed in place.
+        serve = self.op not in _KEEPS_BUFFERS
+        views = [view for _, view in self.targets if isinstance(view, torch.Tensor)] if serve else []
+        _C._set_cpu_output_targets(views)
+        try:
+            result = self.op(*self.cpu_args, **self.cpu_kwargs)
+        finally:
+            _C._set_cpu_output_targets([])
+        if self.nreturns:  # some return nothing (e.g. _amp_foreach_non_finite_check_and_unscale_)
+            self._copy_results([result] if self.nreturns == 1 else list(result), {v.data_ptr() for v in views})
+        del result
+        if serve and _C._cpu_outputs_held():
+            _KEEPS_BUFFERS.add(self.op)
+            raise RuntimeError(
+                f"the CPU kernel of {self.op} kept memory it allocated during its call; its outputs are no "
+                "longer computed in device memory (report this: that memory belongs to openreg tensors)"
+            )
+
+    def _copy_results(self, results: list, served: set[int]) -> None:
+        copies = []
         for i, view in self.targets:
             if view is None:
                 continue
-            if isinstance(view, torch.Tensor):
-                view.copy_(results[i])
-            else:
-                for v, r in zip(view, results[i]):
-                    v.copy_(r)
+            pairs = [(view, results[i])] if isinstance(view, torch.Tensor) else zip(view, results[i])
+            for v, r in pairs:
+                if not _in_place(r, v):
+                    # Moved out of memory served for another output (or held in another layout) before any copy.
+                    copies.append((v, r.clone() if r.untyped_storage().data_ptr() in served else r))
+        for v, r in copies:
+            v.copy_(r)
+    # LITERALINCLUDE END: COPY KERNEL
+
+
+_KEEPS_BUFFERS: set = set()  # operators whose CPU kernel held on to memory served to it (see _CopyKernel)
+
+
+def _in_place(result: torch.Tensor, view: torch.Tensor) -> bool:
+    """Whether a CPU kernel's result already is the output (same memory, layout, type and lazy bits:
+    ``dot`` of two conjugates returns the conjugate of what it computed)."""
+    return (result.data_ptr() == view.data_ptr() and result.dtype == view.dtype and result.shape == view.shape
+            and result.stride() == view.stride() and result.is_conj() == view.is_conj()
+            and result.is_neg() == view.is_neg())
 
 
 # LITERALINCLUDE START: SYNC PATH

@@ -16,6 +16,9 @@ std::optional<int64_t> get_backend_meta(const at::Tensor& t);
 void copy_backend_meta(const at::Tensor& src, const at::Tensor& dst);
 py::object describe_call(const py::tuple& args, const py::dict& kwargs, bool numbers_by_type);
 py::tuple empty_like_meta(const at::Tensor& meta, c10::DeviceIndex index);
+void set_cpu_output_targets(const std::vector<at::Tensor>& tensors);
+void install_cpu_output_allocator();
+size_t cpu_outputs_held();
 
 // LITERALINCLUDE START: HOST VIEW
 // A CPU tensor over the same bytes as an openreg tensor (same sizes, strides,
@@ -65,6 +68,7 @@ at::Tensor ipc_tensor(uintptr_t data, int64_t nbytes, c10::DeviceIndex index, ui
 PYBIND11_MODULE(_C, m) {
   openreg::register_hooks();
   openreg::register_serialization();
+  openreg::install_cpu_output_allocator();
   m.def("_host_view", &openreg::host_view, "CPU tensor aliasing an openreg tensor's device memory");
   m.def("_cpu_generator", &openreg::cpu_generator, "the CPU generator an openreg generator forwards to");
   m.def("_default_generator", [](c10::DeviceIndex index) { return openreg::default_generator(index); },
@@ -89,6 +93,9 @@ PYBIND11_MODULE(_C, m) {
   m.def("_describe_call", &openreg::describe_call,
         "[key, host args, host kwargs, extents] of an operator call, or None (the fallback's fast path)");
   m.def("_empty_like_meta", &openreg::empty_like_meta, "(openreg tensor shaped like a meta tensor, host view, extent)");
+  m.def("_set_cpu_output_targets", &openreg::set_cpu_output_targets,
+        "serve this thread's next CPU allocations of these tensors' sizes from their memory ([] stops it)");
+  m.def("_cpu_outputs_held", &openreg::cpu_outputs_held, "buffers served to this thread's CPU kernels still held");
   m.def("_set_backend_meta", &openreg::set_backend_meta, "attach openreg backend metadata (a format number)");
   m.def("_get_backend_meta", &openreg::get_backend_meta, "the openreg backend metadata of a tensor, or None");
   m.def("_copy_backend_meta", &openreg::copy_backend_meta, "clone src's backend metadata onto dst");

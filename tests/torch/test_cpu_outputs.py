@@ -1,0 +1,106 @@
+"""Operators without a real CPU out= kernel compute in device memory: their CPU kernel's output
+allocations are served from the outputs' device buffers (csrc/cpu_outputs.cpp), so nothing is copied,
+and whatever order or layout the kernel allocates in, the results equal the CPU's."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from torch_openreg.aten import fallback
+
+DEV = torch.device("openreg", 0)
+
+
+@pytest.fixture
+def copied(monkeypatch):
+    """Results a functional kernel's launch had to copy into its outputs (not computed in place)."""
+    seen = []
+    real = fallback._in_place
+
+    def spy(result, view):
+        in_place = real(result, view)
+        if not in_place:
+            seen.append(tuple(view.shape))
+        return in_place
+
+    monkeypatch.setattr(fallback, "_in_place", spy)
+    return seen
+
+
+def test_convolution_and_layer_norm_compute_in_device_memory(copied):
+    x = torch.randn(4, 3, 16, 16, requires_grad=True)
+    w = torch.randn(8, 3, 3, 3, requires_grad=True)
+    dx, dw = (t.detach().to(DEV).requires_grad_() for t in (x, w))
+    y, dy = F.conv2d(x, w, padding=1), F.conv2d(dx, dw, padding=1)
+    z, dz = F.layer_norm(y, (16,)), F.layer_norm(dy, (16,))
+    z.square().sum().backward()
+    dz.square().sum().backward()
+    torch.testing.assert_close(dz.cpu(), z.detach())
+    torch.testing.assert_close(dx.grad.cpu(), x.grad)
+    torch.testing.assert_close(dw.grad.cpu(), w.grad)
+    assert copied == []
+
+
+def test_a_contiguous_copy_is_made_in_place(copied):
+    a = torch.randn(6, 5)
+    got = a.to(DEV).t().contiguous()
+    assert got.is_contiguous()
+    torch.testing.assert_close(got.cpu(), a.t().contiguous())
+    assert copied == []
+
+
+@pytest.fixture(scope="module")
+def test_ops():
+    """Custom operators whose CPU kernels allocate the way a library might (only the fallback runs them)."""
+    lib = torch.library.Library("openreg_cpu_outputs_test", "DEF")
+    lib.define("swapped(Tensor x) -> (Tensor, Tensor)")
+    lib.define("keeps(Tensor x) -> Tensor")
+    kept = []
+
+    def swapped(x):
+        second = torch.empty_like(x)  # allocated first: it is served the first output's buffer
+        first = torch.empty_like(x)
+        first.copy_(x + 1)
+        second.copy_(x * 2)
+        return first, second
+
+    def keeps(x):
+        out = x * 3
+        kept.append(out)  # a library that holds on to what it allocated
+        return out
+
+    lib.impl("swapped", swapped, "CPU")
+    lib.impl("swapped", lambda x: (torch.empty_like(x), torch.empty_like(x)), "Meta")
+    lib.impl("keeps", keeps, "CPU")
+    lib.impl("keeps", lambda x: torch.empty_like(x), "Meta")
+    yield torch.ops.openreg_cpu_outputs_test, kept
+    lib._destroy()
+
+
+def test_results_in_each_others_buffers_are_moved_before_they_are_copied(test_ops, copied):
+    ops, _ = test_ops
+    x = torch.randn(32)
+    first, second = ops.swapped(x.to(DEV))
+    torch.testing.assert_close(first.cpu(), x + 1)
+    torch.testing.assert_close(second.cpu(), x * 2)
+    assert copied == [(32,), (32,)]
+
+
+def test_a_kernel_that_keeps_served_memory_is_reported_and_no_longer_served(test_ops, memory_in_use):
+    ops, kept = test_ops
+    before = memory_in_use()
+    x = torch.randn(64)
+    out = ops.keeps(x.to(DEV))
+    with pytest.raises(RuntimeError, match="kept memory it allocated during its call"):
+        torch.openreg.synchronize()
+    torch.testing.assert_close(out.cpu(), x * 3)  # the result itself was right
+    kept.clear()
+    again = ops.keeps(x.to(DEV))
+    torch.openreg.synchronize()  # no longer served: the kernel keeps host memory of its own
+    torch.testing.assert_close(again.cpu(), x * 3)
+    assert kept[0].data_ptr() != again.data_ptr()
+    kept.clear()
+    del out, again
+    assert memory_in_use() == before

@@ -1,0 +1,99 @@
+// Lets a functional CPU kernel allocate its outputs straight in device memory.
+//
+// Many CPU operators have no real out= kernel (convolution, layer norm: PyTorch's
+// generated out= overload runs the functional kernel and copies its result). A
+// kernel of the fallback that runs such an operator names, before the call, the
+// device buffers its outputs go to; while the call runs, an allocation of exactly
+// one of those sizes on the calling thread is served from that buffer instead of
+// the CPU allocator, so the operator computes in place and nothing is copied.
+// Which buffers, and checking that each result did land where it belongs, is the
+// fallback's business (torch_openreg/aten/fallback.py, _CopyKernel); this file
+// only serves the allocations it was told about.
+#include <c10/core/Allocator.h>
+#include <c10/core/CPUAllocator.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+namespace openreg {
+namespace {
+
+// (bytes, device buffer opened to this thread's kernel) not yet handed out
+thread_local std::vector<std::pair<size_t, void*>> t_targets;
+
+// Buffers handed out and not released yet, with the thread that asked: a library that kept one
+// after its call returned would later write into memory another tensor owns, so the fallback checks.
+std::mutex g_mutex;
+std::unordered_map<void*, std::thread::id> g_served;
+c10::DeleterFnPtr g_cpu_raw_deleter = nullptr;
+
+bool release_served(void* ptr) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  return g_served.erase(ptr) > 0;
+}
+
+void release(void* ptr) { release_served(ptr); } // the buffer itself belongs to an openreg tensor
+
+// raw_allocate/raw_deallocate (oneDNN's scratch memory comes this way) free through raw_deleter().
+void raw_delete(void* ptr) {
+  if (!release_served(ptr)) g_cpu_raw_deleter(ptr);
+}
+
+// LITERALINCLUDE START: CPU OUTPUT ALLOCATOR
+struct CPUOutputAllocator final : public c10::Allocator {
+  c10::Allocator* cpu = nullptr; // the CPU allocator this one stands in front of
+
+  c10::DataPtr allocate(size_t nbytes) override {
+    for (auto it = t_targets.begin(); it != t_targets.end(); ++it) {
+      if (it->first == nbytes) {
+        void* buffer = it->second;
+        t_targets.erase(it);
+        std::lock_guard<std::mutex> lock(g_mutex);
+        g_served.emplace(buffer, std::this_thread::get_id());
+        return {buffer, buffer, &release, c10::Device(c10::kCPU)};
+      }
+    }
+    return cpu->allocate(nbytes);
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return &raw_delete; }
+  void copy_data(void* dst, const void* src, std::size_t count) const override { cpu->copy_data(dst, src, count); }
+};
+// LITERALINCLUDE END: CPU OUTPUT ALLOCATOR
+
+CPUOutputAllocator g_cpu_outputs;
+
+} // namespace
+
+// LITERALINCLUDE START: CPU OUTPUT TARGETS
+// Serve this thread's next CPU allocations of these tensors' sizes from their memory (an empty
+// list stops it). Only dense, non-overlapping tensors qualify: their bytes are one range.
+void set_cpu_output_targets(const std::vector<at::Tensor>& tensors) {
+  t_targets.clear();
+  for (const auto& t : tensors) {
+    if (t.defined() && t.numel() > 0 && t.is_non_overlapping_and_dense()) {
+      t_targets.emplace_back(t.numel() * t.element_size(), t.data_ptr());
+    }
+  }
+}
+
+// How many buffers served to this thread are still held (0 once a kernel's results are gone).
+size_t cpu_outputs_held() {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  auto me = std::this_thread::get_id();
+  size_t held = 0;
+  for (const auto& entry : g_served) held += entry.second == me;
+  return held;
+}
+// LITERALINCLUDE END: CPU OUTPUT TARGETS
+
+void install_cpu_output_allocator() {
+  g_cpu_outputs.cpu = c10::GetCPUAllocator();
+  g_cpu_raw_deleter = g_cpu_outputs.cpu->raw_deleter();
+  c10::SetCPUAllocator(&g_cpu_outputs, /*priority=*/1);
+}
+
+} // namespace openreg
