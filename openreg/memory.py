@@ -1,7 +1,8 @@
 """Device and pinned host memory of the simulated accelerator.
 
 Device memory is real memory the host cannot touch: every allocation is its own
-page-aligned shared-memory mapping kept at ``PROT_NONE``. A kernel or copy gets
+page-aligned mapping (private memory on transparent huge pages when large, moved
+into a shared-memory file when exported to another process) kept at ``PROT_NONE``. A kernel or copy gets
 read/write access to the pages it names only while it runs (reference counted,
 so concurrent kernels on different streams can share a buffer). Host
 code that dereferences a device pointer outside a kernel faults at once; the
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import bisect
 import collections
+import ctypes
 import os
 import resource
 import threading
@@ -42,7 +44,7 @@ class Allocation:
     uses: int = 0  # launches queued or running that name this allocation
     open: dict = field(default_factory=dict)  # (first byte, end byte) -> kernels holding those pages open
     free_pending: bool = field(default=False)
-    fd: int = -1  # the shared-memory file behind device memory (what IPC hands to other processes)
+    fd: int = -1  # the shared-memory file behind device memory once IPC exported it (or imported it)
     imported: bool = False  # mapped from another process's export
 
 
@@ -128,16 +130,13 @@ def malloc(size: int, device: int) -> int:
                 f"out of memory on openreg:{device}: tried to allocate {size} bytes; "
                 f"{_used[device]} bytes in use of {capacity} total, {capacity - _used[device]} free",
             )
-        fd = os.memfd_create(f"openreg{device}", os.MFD_CLOEXEC)
-        os.ftruncate(fd, mapped)
-        ptr = _libc.map_pages(mapped, _libc.PROT_NONE, fd)
+        ptr = _libc.map_device(mapped)
         if ptr is None:
-            os.close(fd)
             raise OpenRegError(
                 ErrorCode.OUT_OF_MEMORY, f"out of memory on openreg:{device}: the host refused {mapped} bytes"
             )
         _used[device] += mapped
-        _register(Allocation(ptr, size, mapped, DEVICE, device, fd=fd))
+        _register(Allocation(ptr, size, mapped, DEVICE, device))
     return ptr
 
 
@@ -204,7 +203,42 @@ def ipc_export(ptr: int) -> IpcHandle:
             f"ipc_export: 0x{ptr:x} was received from another process; only the process that allocated "
             "device memory can share it",
         )
+    if alloc.fd < 0:
+        _make_shareable(alloc)
     return IpcHandle(alloc.fd, alloc.device, alloc.mapped, ptr - alloc.ptr)
+
+
+def _make_shareable(alloc: Allocation) -> None:
+    """Move an allocation's pages into a shared-memory file, at the same address, for another process.
+
+    Device memory is private anonymous memory (huge pages make opening it cheap, see ``_libc.map_device``);
+    only what is exported pays for a file. No work may use the allocation meanwhile: its data is copied.
+    """
+    with _lock, _access_lock:
+        if alloc.uses or alloc.open:
+            raise OpenRegError(
+                ErrorCode.INVALID_VALUE,
+                f"ipc_export: the allocation at 0x{alloc.ptr:x} is used by queued or running work; "
+                "synchronize its device first",
+            )
+        fd = os.memfd_create(f"openreg{alloc.device}", os.MFD_CLOEXEC)
+        os.ftruncate(fd, alloc.mapped)
+        staging = _libc.map_pages(alloc.mapped, _libc.PROT_RW, fd)
+        if staging is None:
+            os.close(fd)
+            raise OpenRegError(ErrorCode.OUT_OF_MEMORY, f"ipc_export: cannot map {alloc.mapped} bytes to share")
+        try:
+            _libc.protect(alloc.ptr, alloc.mapped, _libc.PROT_RW)
+            for lo, hi in _libc.resident(alloc.ptr, alloc.mapped):
+                ctypes.memmove(staging + (lo - alloc.ptr), lo, hi - lo)
+            _libc.remap_shared(alloc.ptr, alloc.mapped, fd)  # PROT_NONE again
+        except BaseException:
+            _libc.protect(alloc.ptr, alloc.mapped, _libc.PROT_NONE)
+            os.close(fd)
+            raise
+        finally:
+            _libc.unmap_pages(staging, alloc.mapped)
+        alloc.fd = fd
 
 
 def ipc_open(fd: int, device: int, mapped: int) -> int:

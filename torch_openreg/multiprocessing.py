@@ -27,6 +27,8 @@ def _export(untyped: torch.UntypedStorage) -> tuple:
     device = untyped.device.index
     if untyped.nbytes() == 0:
         return (None, device, 0, 0, 0)
+    for index in range(openreg.device_count()):
+        openreg.stream.drain(index)  # the export copies the allocation into a shared file: no work may use it
     try:
         handle = openreg.ipc_export(untyped.data_ptr())
     except openreg.OpenRegError as error:

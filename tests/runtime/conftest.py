@@ -85,7 +85,8 @@ def run_python(run_python):
 
 @pytest.fixture
 def host_prot():
-    """``host_prot(addr)``: the host's permissions on the page holding ``addr``, e.g. ``'---s'`` (device memory)."""
+    """``host_prot(addr)``: the host's permissions on the page holding ``addr``: ``'---'`` (device memory
+    outside kernels) or ``'rw-'``."""
     if not os.path.exists("/proc/self/maps"):
         pytest.skip("needs /proc/self/maps")
 
@@ -95,7 +96,7 @@ def host_prot():
                 span, perms = line.split()[:2]
                 start, end = (int(x, 16) for x in span.split("-"))
                 if start <= addr < end:
-                    return perms
+                    return perms[:3]  # private, or shared once exported to another process: the same to the host
         raise LookupError(f"0x{addr:x} is not mapped")
 
     return prot

@@ -224,12 +224,12 @@ def test_pointer_attributes_on_second_device(two_devices):
 def test_device_memory_is_protected_outside_kernels(host_prot):
     p = openreg.malloc(100)
     try:
-        assert host_prot(p) == "---s"
+        assert host_prot(p) == "---"
         inside = []
         openreg.launch(lambda: inside.append(host_prot(p)), buffers=[p])
         openreg.synchronize()
-        assert inside == ["rw-s"]
-        assert host_prot(p) == "---s"  # closed again after the kernel
+        assert inside == ["rw-"]
+        assert host_prot(p) == "---"  # closed again after the kernel
     finally:
         openreg.free(p)
 
@@ -243,8 +243,8 @@ def test_an_extent_opens_only_its_pages(host_prot):
         extent = (p + page + 8, page)  # straddles pages 1 and 2
         openreg.launch(lambda: inside.append([host_prot(p + i * page) for i in range(4)]), buffers=[extent])
         openreg.synchronize()
-        assert inside == [["---s", "rw-s", "rw-s", "---s"]]
-        assert [host_prot(p + i * page) for i in range(4)] == ["---s"] * 4
+        assert inside == [["---", "rw-", "rw-", "---"]]
+        assert [host_prot(p + i * page) for i in range(4)] == ["---"] * 4
     finally:
         openreg.free(p)
 
@@ -271,8 +271,8 @@ def test_overlapping_extents_on_two_streams_are_reference_counted(gate, host_pro
         seen["between"] = [host_prot(p + i * page) for i in range(3)]
         gate.open()
         a.synchronize()
-        assert seen == {"between": ["rw-s", "rw-s", "---s"], "long": ["rw-s", "rw-s", "---s"]}
-        assert [host_prot(p + i * page) for i in range(3)] == ["---s"] * 3
+        assert seen == {"between": ["rw-", "rw-", "---"], "long": ["rw-", "rw-", "---"]}
+        assert [host_prot(p + i * page) for i in range(3)] == ["---"] * 3
     finally:
         openreg.free(p)
 
@@ -291,7 +291,7 @@ def test_an_extent_beyond_its_allocation_fails_at_launch():
 def test_pinned_memory_is_host_accessible(host_prot):
     h = openreg.host_malloc(32)
     try:
-        assert host_prot(h) == "rw-p"
+        assert host_prot(h) == "rw-"
         ctypes.memmove(h, b"pinned!", 7)
         assert ctypes.string_at(h, 8) == b"pinned!\0"
     finally:
@@ -320,6 +320,106 @@ def test_launch_naming_dead_memory_fails_at_launch():
     raises(ErrorCode.INVALID_POINTER, openreg.launch, lambda: None, buffers=[ctypes.addressof(buf)])
 
 
+# -- huge pages and sharing -----------------------------------------------------------------------
+
+
+def _huge_bytes(lo: int, hi: int) -> int:
+    """Bytes of transparent huge pages backing [lo, hi) (``AnonHugePages`` in ``/proc/self/smaps``)."""
+    total, inside = 0, False
+    with open("/proc/self/smaps") as smaps:
+        for line in smaps:
+            head = line.split()[0]
+            if "-" in head and not head.endswith(":"):
+                start, end = (int(x, 16) for x in head.split("-"))
+                inside = lo <= start and end <= hi
+            elif inside and head == "AnonHugePages:":
+                total += int(line.split()[1]) * 1024
+    return total
+
+
+def test_large_allocations_start_on_a_huge_page_boundary():
+    small, large = openreg.malloc(64 * 1024), openreg.malloc(3 * _libc.HUGE + PAGE)
+    try:
+        assert large % _libc.HUGE == 0
+        assert openreg.memory_used(0) >= 3 * _libc.HUGE + PAGE  # accounted by pages, as before
+    finally:
+        openreg.free(small)
+        openreg.free(large)
+
+
+def test_a_kernel_that_opens_a_large_allocation_gets_huge_pages():
+    """Opening and closing 4 MiB then changes two page-table entries instead of 1024."""
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/enabled") as setting:
+            mode = setting.read()
+    except OSError:
+        mode = "[never]"
+    if "[never]" in mode:
+        pytest.skip("this kernel has transparent huge pages switched off (/sys/kernel/mm/transparent_hugepage)")
+    size = 2 * _libc.HUGE
+    p = openreg.malloc(size)
+    try:
+        openreg.launch(lambda: ctypes.memset(p, 7, size), buffers=[p])
+        openreg.synchronize()
+        assert _huge_bytes(p, p + size) == size
+    finally:
+        openreg.free(p)
+
+
+def test_exporting_an_allocation_keeps_its_data_and_its_protection(host_prot):
+    """The export moves the pages into a shared-memory file at the same address: written pages keep
+    their bytes, never written ones read as zeros, and the host still cannot touch them."""
+    size = _libc.HUGE + 3 * PAGE
+    p = openreg.malloc(size)
+    seen = []
+    try:
+        openreg.launch(lambda: ctypes.memset(p + PAGE + 5, 0x5A, 2 * PAGE), buffers=[p])
+        openreg.synchronize()
+        handle = openreg.ipc_export(p + PAGE)
+        assert (handle.offset, handle.mapped, handle.fd >= 0) == (PAGE, size, True)
+        assert openreg.ipc_export(p).fd == handle.fd  # exported once
+        assert host_prot(p) == "---"
+        openreg.launch(lambda: seen.append(ctypes.string_at(p, size)), buffers=[p])
+        openreg.synchronize()
+        with open(f"/proc/self/fd/{handle.fd}", "rb") as shared:
+            in_file = shared.read()
+    finally:
+        openreg.free(p)
+    expected = bytes(PAGE + 5) + b"\x5a" * (2 * PAGE) + bytes(size - 3 * PAGE - 5)
+    assert seen == [expected] and in_file == expected
+
+
+def test_exporting_an_allocation_with_queued_work_is_refused(gate):
+    p = openreg.malloc(PAGE)
+    try:
+        openreg.launch(gate.wait, buffers=[p])
+        err = raises(ErrorCode.INVALID_VALUE, openreg.ipc_export, p)
+        assert "synchronize" in err.message
+        gate.open()
+        openreg.synchronize()
+        assert openreg.ipc_export(p).fd >= 0
+    finally:
+        gate.open()
+        openreg.free(p)
+
+
+def test_a_forked_child_does_not_inherit_device_memory(run_python):
+    code = """
+import os, openreg
+p = openreg.malloc(3 << 20)
+pid = os.fork()
+if pid == 0:
+    with open("/proc/self/maps") as maps:
+        mapped = any(int(a, 16) <= p < int(b, 16) for a, b in (l.split()[0].split("-") for l in maps))
+    os._exit(3 if mapped else 0)
+_, status = os.waitpid(pid, 0)
+print(os.waitstatus_to_exitcode(status))
+"""
+    proc = run_python(code)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["0"]
+
+
 # -- stream-ordered free -------------------------------------------------------------------------
 
 
@@ -345,7 +445,7 @@ def test_free_is_deferred_until_the_kernel_ends(asynchronous, host_prot):
     raises(ErrorCode.INVALID_POINTER, stream.launch, lambda: None, buffers=[p])  # no new work on it
 
     stream.synchronize()  # the kernel ran without error
-    assert seen == {"prot": "rw-s", "data": b"\x5a" * 16}
+    assert seen == {"prot": "rw-", "data": b"\x5a" * 16}
     assert openreg.memory_used(0) == base
     assert openreg.pointer_attributes(p).type == "unregistered"
     raises(ErrorCode.DOUBLE_FREE, openreg.free, p)
