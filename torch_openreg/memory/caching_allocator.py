@@ -23,8 +23,8 @@ wholly free segments to the driver.
 
 from __future__ import annotations
 
-import bisect
 import threading
+from bisect import bisect_left, insort
 
 import openreg
 from openreg import ErrorCode, OpenRegError
@@ -50,71 +50,114 @@ def format_size(n: int) -> str:
 class Block:
     """A piece of a segment: allocated, free in a pool, or waiting for other streams."""
 
-    __slots__ = ("ptr", "size", "requested", "stream", "pool", "prev", "next", "allocated", "streams", "split_counted")
+    __slots__ = ("ptr", "size", "requested", "stream", "pool", "prev", "next", "allocated", "streams")
 
-    def __init__(self, ptr: int, size: int, stream: openreg.Stream, pool: int) -> None:
+    def __init__(self, ptr: int, size: int, stream: openreg.Stream | None, pool: int) -> None:
         self.ptr, self.size, self.stream, self.pool = ptr, size, stream, pool
         self.requested = 0
         self.prev: Block | None = None
         self.next: Block | None = None
         self.allocated = False
-        self.streams: set[openreg.Stream] = set()
-        self.split_counted = False
+        self.streams: set[openreg.Stream] | None = None  # other streams using it (record_stream)
 
-    @property
-    def is_split(self) -> bool:
-        return self.prev is not None or self.next is not None
+
+# A free list is sorted by (size, address), as ``size << KEY_SHIFT | ptr``: an int is built and
+# compared faster than a tuple.
+KEY_SHIFT = 64
+PTR_MASK = (1 << KEY_SHIFT) - 1
+SPARE_BLOCKS = 64  # Block objects that merging freed, kept for the next split (creating one costs more)
 
 
 class DeviceCachingAllocator:
-    """The caching allocator of one device."""
+    """The caching allocator of one device.
+
+    ``malloc`` and ``free`` run for every tensor, so they are written for speed: the lock is taken
+    with ``acquire``/``release`` (half the cost of ``with``), free lists are per pool and then per
+    stream, and each event updates the statistics in one call.
+    """
 
     def __init__(self, device: int) -> None:
         self.device = device
+        # Re-entrant: a garbage collection inside malloc can free a tensor, whose free lands here.
         self.lock = threading.RLock()
         self.stats = Stats()
-        self.free_lists: dict[tuple[int, openreg.Stream], list[tuple[int, int]]] = {}
+        # indexed by pool (SMALL, LARGE; 0 unused): stream -> sorted keys of its free blocks
+        self.free_lists: tuple[dict[openreg.Stream, list[int]], ...] = ({}, {}, {})
         self.free_blocks: dict[int, Block] = {}
         self.active: dict[int, Block] = {}
         self.segments: dict[int, Block] = {}  # segment base -> its first block
         self.pending: list[tuple[list[openreg.Event], Block]] = []
         self.fraction: float | None = None
+        self._spare: list[Block] = []
 
     # LITERALINCLUDE START: CACHING MALLOC
     def malloc(self, size: int, stream: openreg.Stream) -> int:
         """A block of at least ``size`` bytes for use on ``stream``."""
-        with self.lock:
-            self._process_pending()
-            rounded = max(ROUND, (size + ROUND - 1) // ROUND * ROUND)
+        lock = self.lock
+        lock.acquire()
+        try:
+            if self.pending:
+                self._process_pending()
+            rounded = (size + ROUND - 1) & -ROUND
+            if rounded < ROUND:
+                rounded = ROUND
             pool = SMALL if rounded <= SMALL_SIZE else LARGE
-            block = self._take_free(pool, stream, rounded)
-            if block is None:
+            free_blocks = self.free_blocks
+            keys = self.free_lists[pool].get(stream)
+            i = bisect_left(keys, rounded << KEY_SHIFT) if keys else 0
+            taken = 0
+            if keys and i < len(keys):  # best fit: the smallest big enough, the lowest address first
+                block = free_blocks.pop(keys.pop(i) & PTR_MASK)
+                if block.prev is not None or block.next is not None:
+                    taken = block.size  # a split block leaves inactive_split
+            else:
                 block = self._new_segment(pool, stream, rounded, size)
-            if block.size - rounded >= (ROUND if pool == SMALL else SMALL_SIZE + 1):
-                self._split(block, rounded)
+                keys = self._free_keys(pool, stream)
+            rest = block.size - rounded
+            if rest >= (ROUND if pool == SMALL else SMALL_SIZE + 1):  # split: the rest is a free block
+                spare = self._spare
+                piece = spare.pop() if spare else Block(0, 0, None, 0)
+                piece.ptr = at = block.ptr + rounded
+                piece.size, piece.stream, piece.pool, piece.requested = rest, stream, pool, 0
+                following = block.next
+                piece.prev, piece.next = block, following
+                if following is not None:
+                    following.prev = piece
+                block.next, block.size = piece, rounded
+                insort(keys, rest << KEY_SHIFT | at)
+                free_blocks[at] = piece
+            else:
+                rest = 0
             block.allocated, block.requested = True, size
-            self.active[block.ptr] = block
-            _owners[block.ptr] = self
-            self.stats.on_malloc(pool, block.size, size)
-            return block.ptr
+            ptr = block.ptr
+            self.active[ptr] = block
+            _owners[ptr] = self
+            self.stats.on_malloc(pool, block.size, size, taken, rest)
+            return ptr
+        finally:
+            lock.release()
 
     def free(self, ptr: int) -> None:
         """Return a block to its pool (after other streams that used it are done)."""
-        with self.lock:
+        lock = self.lock
+        lock.acquire()
+        try:
             block = self.active.pop(ptr)
             del _owners[ptr]
             block.allocated = False
-            self.stats.on_free(block.pool, block.size, block.requested)
             if block.streams:
+                self.stats.on_free(block.pool, block.size, block.requested)
                 events = []
                 for stream in block.streams:
                     event = openreg.Event()
                     event.record(stream)
                     events.append(event)
-                block.streams = set()
+                block.streams = None
                 self.pending.append((events, block))
             else:
-                self._release(block)
+                self._release(block, block.requested)
+        finally:
+            lock.release()
     # LITERALINCLUDE END: CACHING MALLOC
 
     def record_stream(self, ptr: int, stream: openreg.Stream) -> None:
@@ -122,7 +165,10 @@ class DeviceCachingAllocator:
         with self.lock:
             block = self.active.get(ptr)
             if block is not None and stream is not block.stream:
-                block.streams.add(stream)
+                if block.streams is None:
+                    block.streams = {stream}
+                else:
+                    block.streams.add(stream)
 
     def empty_cache(self) -> None:
         """Give every wholly free segment back to the driver."""
@@ -143,54 +189,59 @@ class DeviceCachingAllocator:
             self.stats.oversize_segments.add(-1)
 
     # -- pools ------------------------------------------------------------------------------------
-    def _take_free(self, pool: int, stream: openreg.Stream, size: int) -> Block | None:
-        entries = self.free_lists.get((pool, stream))
-        if not entries:
-            return None
-        i = bisect.bisect_left(entries, (size, 0))
-        if i == len(entries):
-            return None
-        block = self.free_blocks[entries[i][1]]
-        self._remove_free(block)
-        return block
-
-    def _insert_free(self, block: Block) -> None:
-        bisect.insort(self.free_lists.setdefault((block.pool, block.stream), []), (block.size, block.ptr))
-        self.free_blocks[block.ptr] = block
-        if block.is_split:
-            block.split_counted = True
-            self.stats.move("inactive_split", "inactive_split_bytes", block.pool, 1, block.size)
+    # A free block is counted in inactive_split while its segment is split. The hot paths (malloc,
+    # _release) edit the free lists in place and tell the statistics once per event.
+    def _free_keys(self, pool: int, stream: openreg.Stream) -> list[int]:
+        """The sorted free-list keys of ``stream`` in ``pool``, created on first use."""
+        lists = self.free_lists[pool]
+        keys = lists.get(stream)
+        if keys is None:
+            keys = lists[stream] = []
+        return keys
 
     def _remove_free(self, block: Block) -> None:
-        entries = self.free_lists[(block.pool, block.stream)]
-        del entries[bisect.bisect_left(entries, (block.size, block.ptr))]
+        keys = self.free_lists[block.pool][block.stream]
+        del keys[bisect_left(keys, block.size << KEY_SHIFT | block.ptr)]
         del self.free_blocks[block.ptr]
-        if block.split_counted:
-            block.split_counted = False
-            self.stats.move("inactive_split", "inactive_split_bytes", block.pool, -1, -block.size)
 
-    def _split(self, block: Block, size: int) -> None:
-        rest = Block(block.ptr + size, block.size - size, block.stream, block.pool)
-        rest.prev, rest.next = block, block.next
-        if block.next is not None:
-            block.next.prev = rest
-        block.next, block.size = rest, size
-        self._insert_free(rest)
-
-    def _release(self, block: Block) -> None:
-        """A block nobody uses any more: merge it with free neighbours and pool it."""
-        self.stats.move("active", "active_bytes", block.pool, -1, -block.size)
-        for neighbour in (block.prev, block.next):
-            if neighbour is not None and neighbour.ptr in self.free_blocks:
-                self._remove_free(neighbour)
-                first, second = (neighbour, block) if neighbour is block.prev else (block, neighbour)
-                first.size += second.size
-                first.next = second.next
-                if second.next is not None:
-                    second.next.prev = first
-                if block is second:
-                    block = first
-        self._insert_free(block)
+    def _release(self, block: Block, requested: int = -1) -> None:
+        """A block nobody uses any more: merge it with free neighbours (of its segment, so of its free
+        list) and pool it. The Block objects merged away are kept for the next split. ``requested``
+        (its tensor's request), if given, also counts the free: one statistics call instead of two."""
+        pool, size = block.pool, block.size
+        free_blocks, spare = self.free_blocks, self._spare
+        keys = self.free_lists[pool].get(block.stream)
+        if keys is None:
+            keys = self._free_keys(pool, block.stream)
+        merged = merged_bytes = 0
+        before = block.prev
+        if before is not None and before.ptr in free_blocks:
+            del keys[bisect_left(keys, before.size << KEY_SHIFT | before.ptr)]
+            del free_blocks[before.ptr]
+            merged, merged_bytes = 1, before.size
+            before.size += size
+            following = before.next = block.next
+            if following is not None:
+                following.prev = before
+            if len(spare) < SPARE_BLOCKS:
+                spare.append(block)
+            block = before
+        after = block.next
+        if after is not None and after.ptr in free_blocks:
+            del keys[bisect_left(keys, after.size << KEY_SHIFT | after.ptr)]
+            del free_blocks[after.ptr]
+            merged += 1
+            merged_bytes += after.size
+            block.size += after.size
+            following = block.next = after.next
+            if following is not None:
+                following.prev = block
+            if len(spare) < SPARE_BLOCKS:
+                spare.append(after)
+        insort(keys, block.size << KEY_SHIFT | block.ptr)
+        free_blocks[block.ptr] = block
+        split = block.prev is not None or block.next is not None
+        self.stats.on_release(pool, size, merged, merged_bytes, block.size if split else 0, requested)
 
     def _process_pending(self) -> None:
         if self.pending:
@@ -201,6 +252,8 @@ class DeviceCachingAllocator:
                 else:
                     still.append((events, block))
             self.pending = still
+            if not still:
+                self.stats.converge()
 
     # -- segments and out of memory ---------------------------------------------------------------
     # LITERALINCLUDE START: CACHING OOM
@@ -242,8 +295,8 @@ class DeviceCachingAllocator:
         driver call costs microseconds, so returning them early is cheap.
         """
         freed = 0
-        for _, ptr in list(self.free_lists.get((LARGE, stream), ())):
-            head = self.free_blocks[ptr]
+        for key in list(self.free_lists[LARGE].get(stream, ())):
+            head = self.free_blocks[key & PTR_MASK]
             if freed >= size:
                 break
             if head.prev is None and head.next is None and head.ptr in self.segments:
@@ -254,7 +307,7 @@ class DeviceCachingAllocator:
     def _driver_malloc(self, size: int) -> int:
         if self.fraction is not None:
             limit = int(self.fraction * openreg.device_capacity(self.device))
-            reserved = self.stats.arrays["reserved_bytes"][0].current
+            reserved = self.stats.current("reserved_bytes")
             if reserved + size > limit:
                 raise OpenRegError(ErrorCode.OUT_OF_MEMORY, "over the per-process memory fraction")
         return openreg.malloc(size, self.device)
@@ -273,8 +326,8 @@ class DeviceCachingAllocator:
 
     def _oom_message(self, requested: int, segment: int) -> str:
         free, total = openreg.mem_get_info(self.device)
-        allocated = self.stats.arrays["allocated_bytes"][0].current
-        reserved = self.stats.arrays["reserved_bytes"][0].current
+        allocated = self.stats.current("allocated_bytes")
+        reserved = self.stats.current("reserved_bytes")
         message = (
             f"OpenReg out of memory on openreg:{self.device}. Tried to allocate {format_size(requested)} "
             f"(a new {format_size(segment)} segment). Device {self.device} has a total capacity of "

@@ -111,7 +111,7 @@ class HostCachingAllocator:
 
     def reset_accumulated(self) -> None:
         for s in self.stats.values():
-            s.allocated = s.freed = 0
+            s.reset_accumulated()
         for key in self.counters:
             self.counters[key] = 0
 
