@@ -73,7 +73,14 @@ def check_device(index: int) -> int:
     return index
 
 
-_local = threading.local()
+class _Local(threading.local):
+    """The calling thread's current device; the class default (0, like a fresh CUDA thread) spares
+    threads that never set one an ``AttributeError`` raised and caught on every look-up."""
+
+    device = 0
+
+
+_local = _Local()
 
 # LITERALINCLUDE START: FORK POISON
 # A child forked after the runtime started has copies of its state but none of its
@@ -110,7 +117,7 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 
 def get_device() -> int:
     """The calling thread's current device (0 until set, like a fresh CUDA thread)."""
-    return getattr(_local, "device", 0)
+    return _local.device
 
 
 def set_device(index: int) -> None:

@@ -342,7 +342,14 @@ _streams: weakref.WeakValueDictionary[tuple[int, int], Stream] = weakref.WeakVal
 _queues: weakref.WeakValueDictionary[tuple[int, int], _Queue] = weakref.WeakValueDictionary()
 _observers: list[Callable[[str, int, int, int, int], None]] = []
 _default: dict[int, Stream] = {}
-_local = threading.local()
+class _Local(threading.local):
+    """Per-thread current streams; the class default spares threads that never set one an
+    ``AttributeError`` raised and caught inside ``getattr`` on every look-up."""
+
+    streams: dict[int, Stream] | None = None
+
+
+_local = _Local()
 _default_lock = threading.Lock()
 
 
@@ -369,7 +376,7 @@ def current_stream(device: int | None = None) -> Stream:
         device = get_device()
     elif type(device) is not int:
         device = check_device(device)
-    current = getattr(_local, "streams", None)
+    current = _local.streams
     if current is not None:
         stream = current.get(device)
         if stream is not None:
@@ -381,7 +388,7 @@ def current_stream(device: int | None = None) -> Stream:
 def set_stream(stream: Stream) -> Stream:
     """Make ``stream`` current on its device for this thread; returns the previous one."""
     previous = current_stream(stream.device)
-    current = getattr(_local, "streams", None)
+    current = _local.streams
     if current is None:
         current = _local.streams = {}
     current[stream.device] = stream

@@ -61,7 +61,7 @@ def has_primary_context(device: int) -> bool:
 def malloc(nbytes: int, device: int) -> int:
     """Device memory for a tensor: from the caching allocator, on the current stream's pool."""
     found = _device_allocators.get(device) if type(device) is int else None  # else allocator() raises
-    return (found if found is not None else allocator(device)).malloc(nbytes, _current_stream(device))
+    return (found if found is not None else allocator(device)).malloc(nbytes, openreg.current_stream(device))
 
 
 def free(ptr: int) -> None:
@@ -110,23 +110,8 @@ def host_record_event(ptr: int, device: int, stream_id: int) -> bool:
 
 
 # Every tensor's allocation comes through malloc: it finds the allocator with one look-up (allocator()
-# checks the device, for the error) and reads the current stream itself. openreg.current_stream uses
-# getattr(threading.local, name, None), which raises and catches an AttributeError on a thread that
-# never set a stream (0.6 us of a ~3.5 us malloc and free); the thread's dictionary does not.
-# tests/torch/test_allocator_equivalence.py checks that both answers agree.
+# checks the device, for the error).
 _device_allocators = {index: allocator(index) for index in range(openreg.device_count())}
-_streams = openreg.stream  # its _local holds {device: stream} as "streams" once a thread set one
-
-
-def _current_stream(device: int) -> openreg.Stream:
-    """``openreg.current_stream(device)`` for a valid device, without the exception."""
-    streams = _streams._local.__dict__.get("streams")
-    stream = streams.get(device) if streams else None
-    if stream is None:
-        stream = _streams._default.get(device)
-        if stream is None:  # first use of the device
-            stream = openreg.current_stream(device)
-    return stream
 
 
 # LITERALINCLUDE START: BRIDGE STREAMS

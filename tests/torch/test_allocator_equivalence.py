@@ -268,24 +268,28 @@ def test_statistics_and_snapshot_agree_under_a_random_workload(seed):
     assert work.ooms
 
 
-def test_bridge_current_stream_agrees_with_the_runtime():
-    """The bridge reads the current stream without openreg.current_stream's exception; same answer."""
-    devices = range(openreg.device_count())
-    for device in devices:
-        assert _runtime._current_stream(device) is openreg.current_stream(device)
+def test_the_allocator_serves_each_thread_on_its_current_stream():
+    """Allocations come from the pool of the calling thread's current stream: the default stream on a
+    thread that never set one (the runtime's per-thread default), the set one otherwise."""
     other = openreg.Stream(0)
     previous = openreg.set_stream(other)
     try:
-        assert _runtime._current_stream(0) is other is openreg.current_stream(0)
+        ptr = _runtime.malloc(512, 0)
+        assert _runtime.allocator(0).active[ptr].stream is other
+        _runtime.free(ptr)
         seen = {}
 
-        def fresh_thread():  # a thread that never set a stream: the default stream of every device
-            seen.update({d: (_runtime._current_stream(d), openreg.current_stream(d)) for d in devices})
+        def fresh_thread():
+            ptr = _runtime.malloc(512, 0)
+            seen["stream"] = _runtime.allocator(0).active[ptr].stream
+            seen["current"] = [openreg.current_stream(d) for d in range(openreg.device_count())]
+            _runtime.free(ptr)
 
         thread = threading.Thread(target=fresh_thread)
         thread.start()
         thread.join()
-        assert all(mine is theirs is openreg.default_stream(d) for d, (mine, theirs) in seen.items())
+        assert seen["stream"] is openreg.default_stream(0)
+        assert seen["current"] == [openreg.default_stream(d) for d in range(openreg.device_count())]
     finally:
         openreg.set_stream(previous)
-    assert _runtime._current_stream(0) is openreg.current_stream(0) is previous
+    assert openreg.current_stream(0) is previous
