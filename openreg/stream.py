@@ -267,8 +267,10 @@ class Stream:
         self.id = next(Stream._ids[self.device]) if _id is None else _id
         self._q = _Queue(self.device, self.id)
         weakref.finalize(self, self._q.close)
-        _streams[(self.device, self.id)] = self
-        _queues[(self.device, self.id)] = self._q
+        with _registry_lock:
+            _streams[(self.device, self.id)] = self
+            _queues[(self.device, self.id)] = self._q
+            _device_queues.pop(self.device, None)  # drain() lists the device's queues afresh
 
     def __repr__(self) -> str:
         return f"openreg.Stream(device={self.device}, id={self.id}, priority={self.priority})"
@@ -340,6 +342,10 @@ def _report(q: _Queue) -> None:
 
 _streams: weakref.WeakValueDictionary[tuple[int, int], Stream] = weakref.WeakValueDictionary()
 _queues: weakref.WeakValueDictionary[tuple[int, int], _Queue] = weakref.WeakValueDictionary()
+# Per device, references to its queues as of the last stream created there: every synchronize walks
+# them, and walking the weak dictionary itself cost more than the rest of an idle synchronize.
+_device_queues: dict[int, list[weakref.ref]] = {}
+_registry_lock = threading.Lock()
 _observers: list[Callable[[str, int, int, int, int], None]] = []
 _default: dict[int, Stream] = {}
 class _Local(threading.local):
@@ -417,7 +423,11 @@ def drain(device: int | None = None) -> list[_Queue]:
     for that work go through; kernel errors stay for the next synchronizing call. An allocator that
     must make room (as ``cudaFree`` synchronizes the device) calls this."""
     device = check_device(get_device() if device is None else device)
-    queues = [q for (d, _), q in list(_queues.items()) if d == device]
+    refs = _device_queues.get(device)
+    if refs is None:
+        with _registry_lock:
+            refs = _device_queues[device] = [weakref.ref(q) for (d, _), q in list(_queues.items()) if d == device]
+    queues = [q for q in (ref() for ref in refs) if q is not None]
     for q in queues:
         q.wait_for(q.launched)
     return queues

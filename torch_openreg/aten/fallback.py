@@ -28,7 +28,7 @@ import torch
 import openreg
 from torch_openreg import _C
 
-from .launch import _detach, host_view, launch, launch_extents, run_sync
+from .launch import detach_frames, host_view, launch, launch_extents, run_sync
 
 # LITERALINCLUDE START: NEVER FALLBACK
 # Operators whose CPU kernel would be wrong for device memory: they raise instead.
@@ -530,7 +530,7 @@ def _run(plan: _Plan, described: list, args: tuple, kwargs: dict) -> Any:
     except Exception as exc:  # noqa: BLE001 - re-raised below, without the frames that hold the views
         error = exc
     described.clear()
-    _detach(error, "fallback")
+    detach_frames(error, "fallback")
     raise error
 
 

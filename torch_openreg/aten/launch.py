@@ -32,7 +32,7 @@ def host_views(*tensors: torch.Tensor | None) -> list[torch.Tensor | None]:
     return [host_view(t) if t is not None else None for t in tensors]
 
 
-def _detach(exc: BaseException | None, where: str = "kernel") -> None:
+def detach_frames(exc: BaseException | None, where: str = "kernel") -> None:
     """Drop the frames of a kernel's exception: their arguments are host views of device memory.
 
     Outside the kernel those views point at protected memory: a test runner or debugger that
@@ -60,7 +60,7 @@ class _Kernel:
             return self.fn(*self.args)
         except Exception as exc:  # noqa: BLE001 - re-raised below, outside the frames that hold the views
             error = exc
-        _detach(error)
+        detach_frames(error)
         raise error
 
 
@@ -89,7 +89,7 @@ def run_sync(device: int, fn: Callable[..., Any], *args: Any, tensors: tuple | l
         try:
             outcome.append((True, fn(*args)))
         except Exception as exc:  # noqa: BLE001 - re-raised below, on the caller's thread
-            _detach(exc)
+            detach_frames(exc)
             outcome.append((False, exc))
 
     stream, seq = launch(device, body, tensors=tensors, name=name)
