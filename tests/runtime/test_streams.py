@@ -568,3 +568,14 @@ def test_a_deeply_sleeping_worker_is_woken_by_a_launch(asynchronous, monkeypatch
     stream.launch(ran.append, 2)
     assert _wait_until(lambda: ran == [1, 2])  # nobody synchronized
     stream.synchronize()
+
+
+def test_synchronize_waits_for_streams_created_after_it_last_ran():
+    """The device's list of queues that synchronize walks is renewed when a stream is created."""
+    openreg.synchronize(0)
+    for _ in range(3):
+        stream = openreg.Stream(0)
+        done = []
+        stream.launch(lambda done=done: (time.sleep(0.01), done.append(True)))
+        openreg.synchronize(0)
+        assert done == [True]
