@@ -30,7 +30,7 @@ def copied(monkeypatch):
 
 
 def test_convolution_and_layer_norm_compute_in_device_memory(copied):
-    x = torch.randn(4, 3, 16, 16, requires_grad=True)
+    x = torch.randn(4, 3, 16, 16, requires_grad=True)  # three input channels, eight output: no same-size copy
     w = torch.randn(8, 3, 3, 3, requires_grad=True)
     dx, dw = (t.detach().to(DEV).requires_grad_() for t in (x, w))
     y, dy = F.conv2d(x, w, padding=1), F.conv2d(dx, dw, padding=1)
@@ -41,6 +41,19 @@ def test_convolution_and_layer_norm_compute_in_device_memory(copied):
     torch.testing.assert_close(dx.grad.cpu(), x.grad)
     torch.testing.assert_close(dw.grad.cpu(), w.grad)
     assert copied == []
+
+
+def test_a_kernel_that_allocates_temporaries_of_its_output_size_first_computes_in_place_from_its_second_call(
+    copied,
+):
+    """A convolution with as many input as output channels copies its input (the output's size) before
+    it allocates the output: the first call learns how many such allocations to let through."""
+    x, w = torch.randn(8, 16, 12, 12), torch.randn(16, 16, 3, 3)
+    dx, dw = x.to(DEV), w.to(DEV)
+    for call in range(3):
+        torch.testing.assert_close(F.conv2d(dx, dw, padding=1).cpu(), F.conv2d(x, w, padding=1))
+        assert copied == ([(8, 16, 12, 12)] if call == 0 else [])
+        copied.clear()
 
 
 def test_a_contiguous_copy_is_made_in_place(copied):

@@ -463,7 +463,8 @@ def _run_async(op, info: OpInfo, args, kwargs, tensors, device: torch.device, me
     fresh = [(i, o) for i, ((kind, _), o) in enumerate(zip(info.returns, outs)) if kind == FRESH]
     written = [t for _, o in fresh for t in (o if isinstance(o, (list, tuple)) else [o]) if t is not None]
     targets = [(i, _map(o, host_view)) for i, o in fresh]
-    kernel = _CopyKernel(op, cpu_args, cpu_kwargs, targets, len(info.returns))
+    shape = (op, *((t.shape, t.dtype) for t in tensors))
+    kernel = _CopyKernel(op, cpu_args, cpu_kwargs, targets, len(info.returns), shape)
     launch(device.index, kernel, tensors=[*tensors, *written], name=info.name)
     return _pack(outs)
 
@@ -634,25 +635,29 @@ class _CopyKernel:
     """A queued kernel that runs the operator itself (in place, or functional with its results copied
     into the outputs' host views); a class for the same reason as :class:`_OutKernel`."""
 
-    __slots__ = ("op", "cpu_args", "cpu_kwargs", "targets", "nreturns")
+    __slots__ = ("op", "cpu_args", "cpu_kwargs", "targets", "nreturns", "shape")
 
-    def __init__(self, op, cpu_args, cpu_kwargs, targets, nreturns: int) -> None:
+    def __init__(self, op, cpu_args, cpu_kwargs, targets, nreturns: int, shape: tuple) -> None:
         self.op, self.cpu_args, self.cpu_kwargs = op, cpu_args, cpu_kwargs
-        self.targets, self.nreturns = targets, nreturns
+        self.targets, self.nreturns, self.shape = targets, nreturns, shape  # shape: the call's, for _SKIPS
 
     # LITERALINCLUDE START: COPY KERNEL
     def __call__(self) -> None:
         # The CPU kernel's allocations of the outputs' sizes come from the outputs' device memory
         # (csrc/cpu_outputs.cpp): a result that lands there in the output's layout is computed in place.
         serve = self.op not in _KEEPS_BUFFERS
-        views = [view for _, view in self.targets if isinstance(view, torch.Tensor)] if serve else []
-        _C._set_cpu_output_targets(views)
+        outputs = [(i, view) for i, view in self.targets if isinstance(view, torch.Tensor)] if serve else []
+        views = [view for _, view in outputs]
+        _C._set_cpu_output_targets(views, [_SKIPS.get((self.shape, i), 0) for i, _ in outputs])
         try:
             result = self.op(*self.cpu_args, **self.cpu_kwargs)
         finally:
-            _C._set_cpu_output_targets([])
+            seen = _C._set_cpu_output_targets([], [])
         if self.nreturns:  # some return nothing (e.g. _amp_foreach_non_finite_check_and_unscale_)
-            self._copy_results([result] if self.nreturns == 1 else list(result), {v.data_ptr() for v in views})
+            results = [result] if self.nreturns == 1 else list(result)
+            self._learn(outputs, results, seen)
+            self._copy_results(results, {v.data_ptr() for v in views})
+            del results
         del result
         if serve and _C._cpu_outputs_held():
             _KEEPS_BUFFERS.add(self.op)
@@ -660,6 +665,20 @@ class _CopyKernel:
                 f"the CPU kernel of {self.op} kept memory it allocated during its call; its outputs are no "
                 "longer computed in device memory (report this: that memory belongs to openreg tensors)"
             )
+
+    def _learn(self, outputs: list, results: list, seen: list) -> None:
+        """Note which allocation of its size each result was: a temporary of the same size allocated
+        first (a convolution copies an input of the output's size) takes the buffer, and next time that
+        many allocations of the size are let through before one is served."""
+        sizes = [view.numel() * view.element_size() for _, view in outputs]
+        for ((i, _), allocations, size) in zip(outputs, seen, sizes):
+            result = results[i]
+            if isinstance(result, torch.Tensor) and allocations and sizes.count(size) == 1:
+                ptr = result.untyped_storage().data_ptr()
+                if ptr in allocations:
+                    if len(_SKIPS) >= _META_CACHE_SIZE:
+                        _SKIPS.clear()
+                    _SKIPS[(self.shape, i)] = allocations.index(ptr)
 
     def _copy_results(self, results: list, served: set[int]) -> None:
         copies = []
@@ -677,6 +696,8 @@ class _CopyKernel:
 
 
 _KEEPS_BUFFERS: set = set()  # operators whose CPU kernel held on to memory served to it (see _CopyKernel)
+# (call shape, output) -> allocations of the output's size its CPU kernel makes before the output
+_SKIPS: dict[tuple, int] = {}
 
 
 def _in_place(result: torch.Tensor, view: torch.Tensor) -> bool:

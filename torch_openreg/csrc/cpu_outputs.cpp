@@ -22,8 +22,16 @@
 namespace openreg {
 namespace {
 
-// (bytes, device buffer opened to this thread's kernel) not yet handed out
-thread_local std::vector<std::pair<size_t, void*>> t_targets;
+// An output of this thread's kernel: its size, its device buffer (null once handed out or when it
+// cannot be served), how many allocations of its size to let through before it is served, and every
+// allocation of its size during the call (so that the kernel can learn which one its result was).
+struct Target {
+  size_t nbytes;
+  void* buffer;
+  int64_t skip;
+  std::vector<uintptr_t> seen;
+};
+thread_local std::vector<Target> t_targets;
 
 // Buffers handed out and not released yet, with the thread that asked: a library that kept one
 // after its call returned would later write into memory another tensor owns, so the fallback checks.
@@ -48,16 +56,33 @@ struct CPUOutputAllocator final : public c10::Allocator {
   c10::Allocator* cpu = nullptr; // the CPU allocator this one stands in front of
 
   c10::DataPtr allocate(size_t nbytes) override {
-    for (auto it = t_targets.begin(); it != t_targets.end(); ++it) {
-      if (it->first == nbytes) {
-        void* buffer = it->second;
-        t_targets.erase(it);
+    Target* next = nullptr; // the first output of this size still to be served
+    bool watched = false;
+    for (auto& target : t_targets) {
+      if (target.nbytes != nbytes || nbytes == 0) continue;
+      watched = true;
+      if (next == nullptr && target.buffer != nullptr) next = &target;
+    }
+    if (!watched) return cpu->allocate(nbytes);
+    if (next != nullptr && next->skip > 0) { // a temporary of the output's size comes first in this operator
+      --next->skip;
+      next = nullptr;
+    }
+    c10::DataPtr out;
+    if (next != nullptr) {
+      void* buffer = std::exchange(next->buffer, nullptr);
+      {
         std::lock_guard<std::mutex> lock(g_mutex);
         g_served.emplace(buffer, std::this_thread::get_id());
-        return {buffer, buffer, &release, c10::Device(c10::kCPU)};
       }
+      out = c10::DataPtr(buffer, buffer, &release, c10::Device(c10::kCPU));
+    } else {
+      out = cpu->allocate(nbytes);
     }
-    return cpu->allocate(nbytes);
+    for (auto& target : t_targets) {
+      if (target.nbytes == nbytes) target.seen.push_back(reinterpret_cast<uintptr_t>(out.get()));
+    }
+    return out;
   }
   c10::DeleterFnPtr raw_deleter() const override { return &raw_delete; }
   void copy_data(void* dst, const void* src, std::size_t count) const override { cpu->copy_data(dst, src, count); }
@@ -69,15 +94,22 @@ CPUOutputAllocator g_cpu_outputs;
 } // namespace
 
 // LITERALINCLUDE START: CPU OUTPUT TARGETS
-// Serve this thread's next CPU allocations of these tensors' sizes from their memory (an empty
-// list stops it). Only dense, non-overlapping tensors qualify: their bytes are one range.
-void set_cpu_output_targets(const std::vector<at::Tensor>& tensors) {
+// Serve this thread's next CPU allocations of these tensors' sizes from their memory, each after
+// letting ``skips[i]`` allocations of its size through (an empty list stops it). Only dense,
+// non-overlapping tensors qualify: their bytes are one range. Returns, for the previous targets,
+// the addresses of the allocations of their sizes, in order.
+std::vector<std::vector<uintptr_t>> set_cpu_output_targets(const std::vector<at::Tensor>& tensors,
+                                                           const std::vector<int64_t>& skips) {
+  std::vector<std::vector<uintptr_t>> seen;
+  for (auto& target : t_targets) seen.push_back(std::move(target.seen));
   t_targets.clear();
-  for (const auto& t : tensors) {
-    if (t.defined() && t.numel() > 0 && t.is_non_overlapping_and_dense()) {
-      t_targets.emplace_back(t.numel() * t.element_size(), t.data_ptr());
-    }
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const auto& t = tensors[i];
+    bool dense = t.defined() && t.numel() > 0 && t.is_non_overlapping_and_dense();
+    t_targets.push_back({dense ? t.numel() * t.element_size() : 0, dense ? t.data_ptr() : nullptr,
+                         i < skips.size() ? skips[i] : 0, {}});
   }
+  return seen;
 }
 
 // How many buffers served to this thread are still held (0 once a kernel's results are gone).

@@ -16,7 +16,8 @@ std::optional<int64_t> get_backend_meta(const at::Tensor& t);
 void copy_backend_meta(const at::Tensor& src, const at::Tensor& dst);
 py::object describe_call(const py::tuple& args, const py::dict& kwargs, bool numbers_by_type);
 py::tuple empty_like_meta(const at::Tensor& meta, c10::DeviceIndex index);
-void set_cpu_output_targets(const std::vector<at::Tensor>& tensors);
+std::vector<std::vector<uintptr_t>> set_cpu_output_targets(const std::vector<at::Tensor>& tensors,
+                                                           const std::vector<int64_t>& skips);
 void install_cpu_output_allocator();
 size_t cpu_outputs_held();
 
@@ -94,7 +95,8 @@ PYBIND11_MODULE(_C, m) {
         "[key, host args, host kwargs, extents] of an operator call, or None (the fallback's fast path)");
   m.def("_empty_like_meta", &openreg::empty_like_meta, "(openreg tensor shaped like a meta tensor, host view, extent)");
   m.def("_set_cpu_output_targets", &openreg::set_cpu_output_targets,
-        "serve this thread's next CPU allocations of these tensors' sizes from their memory ([] stops it)");
+        "serve this thread's next CPU allocations of these tensors' sizes from their memory, after letting "
+        "skips[i] through ([] stops it); returns the previous targets' allocations of their sizes");
   m.def("_cpu_outputs_held", &openreg::cpu_outputs_held, "buffers served to this thread's CPU kernels still held");
   m.def("_set_backend_meta", &openreg::set_backend_meta, "attach openreg backend metadata (a format number)");
   m.def("_get_backend_meta", &openreg::get_backend_meta, "the openreg backend metadata of a tensor, or None");
