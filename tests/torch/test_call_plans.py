@@ -59,6 +59,8 @@ CASES = {
     "out=": lambda x, y: torch.mul(x, y, out=torch.empty_like(x)),
     "in place": lambda x, y: x.clone().mul_(y).add_(1.5),
     "bfloat16 with a float": lambda x, y: x.bfloat16() * 0.7071,
+    "functional kernel": lambda x, y: x.t().contiguous(),
+    "functional kernel, three outputs": lambda x, y: torch.native_layer_norm(x, (6,), y[0], y[1], 1e-5),
 }
 
 
@@ -73,6 +75,15 @@ def test_plans_compute_what_the_cpu_computes(name):
         for g, e in zip(*(((got,), (expected,)) if isinstance(expected, torch.Tensor) else (got, expected))):
             assert g.device == DEV and g.dtype == e.dtype and g.shape == e.shape and g.stride() == e.stride()
             torch.testing.assert_close(g.cpu(), e)
+
+
+def test_a_functional_kernel_runs_its_plan(meta_runs):
+    x, w = torch.randn(2, 3, 8, 8), torch.randn(4, 3, 3, 3)
+    dx, dw = x.to(DEV), w.to(DEV)
+    for call in range(3):
+        torch.testing.assert_close(torch.nn.functional.conv2d(dx, dw).cpu(), torch.nn.functional.conv2d(x, w))
+        assert (torch.ops.aten.convolution.default in meta_runs) == (call == 0)
+        meta_runs.clear()
 
 
 def test_numbers_of_one_shape_but_other_values_or_types_get_their_own_results():

@@ -95,10 +95,15 @@ class OpInfo:
         self.sync_only = not tensor_only or schema.name in CPU_DECIDES_OUTPUTS
         self.cpu_statistics = schema.name in CPU_STATISTICS
         self.out_names = self._out_overload_names(op)
-        # Call plans by argument key (see _Plan), for the operators that run through an out= kernel
-        # and need nothing but their arguments: no generator, no device argument.
+        # Call plans by argument key (see _Plan), for the operators that run through an out= kernel or
+        # return only fresh tensors, and need nothing but their arguments: no generator, no device argument.
         writes_out = self.out_names or (self.out_kwargs and all(kind != FRESH for kind, _ in self.returns))
-        plannable = writes_out and not (self.blocked or self.sync_only or self.generators or "device" in self.positions)
+        self.functional = bool(self.returns) and not self.mutates and all(
+            kind == FRESH and str(r.type) == "Tensor" for (kind, _), r in zip(self.returns, schema.returns)
+        )
+        plannable = (writes_out or self.functional) and not (
+            self.blocked or self.sync_only or self.generators or "device" in self.positions
+        )
         self.plans: dict[tuple, _Plan] | None = {} if plannable else None
 
     def _out_overload_names(self, op: torch._ops.OpOverload) -> list[str] | None:
@@ -463,10 +468,14 @@ def _run_async(op, info: OpInfo, args, kwargs, tensors, device: torch.device, me
     fresh = [(i, o) for i, ((kind, _), o) in enumerate(zip(info.returns, outs)) if kind == FRESH]
     written = [t for _, o in fresh for t in (o if isinstance(o, (list, tuple)) else [o]) if t is not None]
     targets = [(i, _map(o, host_view)) for i, o in fresh]
-    shape = (op, *((t.shape, t.dtype) for t in tensors))
-    kernel = _CopyKernel(op, cpu_args, cpu_kwargs, targets, len(info.returns), shape)
+    kernel = _CopyKernel(op, cpu_args, cpu_kwargs, targets, len(info.returns), _call_shape(op, tensors))
     launch(device.index, kernel, tensors=[*tensors, *written], name=info.name)
     return _pack(outs)
+
+
+def _call_shape(op, tensors: list) -> tuple:
+    """What a functional kernel's order of allocations may depend on (see ``_CopyKernel._learn``)."""
+    return (op, *((t.shape, t.dtype) for t in tensors))
 
 
 def host_view_or_self(t: torch.Tensor) -> torch.Tensor:
@@ -492,11 +501,13 @@ class _Plan:
     fresh output, the kernel object and the launch: no meta run, no walk over the arguments in Python.
     """
 
-    __slots__ = ("op", "info", "index", "metas", "wrapped", "scratch", "cacheable")
+    __slots__ = ("op", "info", "index", "metas", "wrapped", "scratch", "shape", "cacheable")
 
-    def __init__(self, op, info: OpInfo, index: int, metas: list | None, wrapped: tuple, scratch: bool) -> None:
+    def __init__(self, op, info: OpInfo, index: int, metas: list | None, wrapped: tuple, scratch: bool,
+                 shape: tuple | None = None) -> None:
         self.op, self.info, self.index, self.metas = op, info, index, metas
         self.wrapped, self.scratch = wrapped, scratch
+        self.shape = shape  # for a functional kernel: the call's shape (see _CopyKernel); else None
         self.cacheable = True  # whether a later call with the same key may run this plan as it is
 
     def run(self, host_args, host_kwargs: dict, extents: list, args: tuple, kwargs: dict) -> Any:
@@ -505,7 +516,15 @@ class _Plan:
             host_args = list(host_args)
             for i, number in self.wrapped:
                 host_args[i] = number
-        if self.metas is not None:  # a functional operator, computed by its out= overload into fresh outputs
+        if self.shape is not None:  # the functional kernel, its outputs' allocations served from device memory
+            outs, targets = [], []
+            for i, m in enumerate(self.metas):
+                out, view, where = _C._empty_like_meta(m, self.index)
+                outs.append(out)
+                targets.append((i, view))
+                extents.append(where)
+            kernel = _CopyKernel(self.op, host_args, host_kwargs, targets, len(outs), self.shape)
+        elif self.metas is not None:  # a functional operator, computed by its out= overload into fresh outputs
             outs = []
             for name, m in zip(info.out_names, self.metas):
                 out, host_kwargs[name], where = _C._empty_like_meta(m, self.index)
@@ -539,12 +558,14 @@ def _plan(op, info: OpInfo, args, kwargs, tensors, device: torch.device, meta, g
     """The plan of a call the general path has checked and inferred (``meta``), for an operator that runs
     through an out= kernel; None when an output is absent (the general path runs it)."""
     metas = [meta] if len(info.returns) == 1 else list(meta or ())
-    if any(not isinstance(m, torch.Tensor) for m in metas) and info.out_names:
+    if any(not isinstance(m, torch.Tensor) for m in metas) and (info.out_names or info.functional):
         return None
     numbers = [i for i in info.tensor_args if isinstance(info.value(*given, i), _NUMBERS)]
     wrapped = tuple((i, args[i]) for i in numbers if i < len(args))
     if info.out_names:
         plan = _Plan(op, info, device.index, metas, wrapped, _reduces(info, metas, tensors))
+    elif info.functional:
+        plan = _Plan(op, info, device.index, metas, wrapped, False, _call_shape(op, tensors))
     else:
         outs_given = _tensors(tuple(info.value(args, kwargs, info.positions[n]) for n in info.out_kwargs), {})
         plan = _Plan(op, info, device.index, None, wrapped, _reduces(info, outs_given, tensors))
