@@ -117,3 +117,15 @@ def test_a_kernel_that_keeps_served_memory_is_reported_and_no_longer_served(test
     kept.clear()
     del out, again
     assert memory_in_use() == before
+
+
+def test_a_result_without_storage_is_copied():
+    """``_efficientzerotensor`` gives a ZeroTensor, which has no storage to compare with the output's
+    (the conformance sweep found ``sgn``'s gradient failing on it)."""
+    z = torch.ops.aten._efficientzerotensor([3], device=DEV)
+    torch.testing.assert_close(z.cpu(), torch.zeros(3))
+    x = torch.randn(4, requires_grad=True)
+    dx = x.detach().to(DEV).requires_grad_()
+    torch.sgn(x).sum().backward()
+    torch.sgn(dx).sum().backward()
+    torch.testing.assert_close(dx.grad.cpu(), x.grad)

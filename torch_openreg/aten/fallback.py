@@ -695,7 +695,7 @@ class _CopyKernel:
         for ((i, _), allocations, size) in zip(outputs, seen, sizes):
             result = results[i]
             if isinstance(result, torch.Tensor) and allocations and sizes.count(size) == 1:
-                ptr = result.untyped_storage().data_ptr()
+                ptr = _storage_ptr(result)
                 if ptr in allocations:
                     if len(_SKIPS) >= _META_CACHE_SIZE:
                         _SKIPS.clear()
@@ -710,10 +710,15 @@ class _CopyKernel:
             for v, r in pairs:
                 if not _in_place(r, v):
                     # Moved out of memory served for another output (or held in another layout) before any copy.
-                    copies.append((v, r.clone() if r.untyped_storage().data_ptr() in served else r))
+                    copies.append((v, r.clone() if _storage_ptr(r) in served else r))
         for v, r in copies:
             v.copy_(r)
     # LITERALINCLUDE END: COPY KERNEL
+
+
+def _storage_ptr(t: torch.Tensor) -> int | None:
+    """Where a result's storage starts; None for a tensor without one (a ``ZeroTensor``)."""
+    return None if t._is_zerotensor() else t.untyped_storage().data_ptr()
 
 
 _KEEPS_BUFFERS: set = set()  # operators whose CPU kernel held on to memory served to it (see _CopyKernel)
