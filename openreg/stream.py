@@ -81,7 +81,7 @@ class _Queue:
         synchronizes with the stream (:meth:`wait_for`, :meth:`settle`), until the stream has been
         idle for ``_LINGER`` seconds, or until ``_CLOSE_EVERY`` spans have piled up.
         """
-        started = time.perf_counter_ns() if _observers else 0
+        started = time.perf_counter_ns()
         try:
             if not item.granted:
                 memory.grant(item.spans)
@@ -348,6 +348,8 @@ _device_queues: dict[int, list[weakref.ref]] = {}
 _registry_lock = threading.Lock()
 _observers: list[Callable[[str, int, int, int, int], None]] = []
 _default: dict[int, Stream] = {}
+
+
 class _Local(threading.local):
     """Per-thread current streams; the class default spares threads that never set one an
     ``AttributeError`` raised and caught inside ``getattr`` on every look-up."""
