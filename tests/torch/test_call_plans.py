@@ -172,3 +172,21 @@ print(torch.openreg.memory_allocated() == base)
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["OOM", "True", "True"]
+
+
+def test_an_error_on_the_general_path_leaves_no_host_views_in_the_traceback(run_python):
+    """A call that was described for the fast path, then fails its checks (mismatched shapes, mixed
+    devices), raises with frames whose variables can be formatted."""
+    code = """
+import traceback, torch
+a, b = torch.ones(4, device="openreg"), torch.ones(5, device="openreg")
+for bad in (lambda: a + b, lambda: a + torch.ones(4, device="openreg:1")):
+    try:
+        bad()
+    except RuntimeError as exc:
+        text = "".join(traceback.TracebackException.from_exception(exc, capture_locals=True).format())
+        print("raised", "size" in text or "same device" in text)
+"""
+    proc = run_python(code)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["raised", "True", "raised", "True"]

@@ -397,23 +397,28 @@ def fallback(op: torch._ops.OpOverload, *args: Any, **kwargs: Any) -> Any:
                 return _run(plan, described, args, kwargs)
     if info.blocked:
         raise NotImplementedError(f"{info.name} is not supported on the openreg device: {info.blocked}")
-    given = args, kwargs
-    args, kwargs = _wrap_numbers(info, args, kwargs)
-    tensors = _tensors(args, kwargs)
-    device = _device_of(info, tensors, kwargs)
-    if not info.sync_only:
-        meta = _meta_outputs(op, info, args, kwargs, device)
-        if meta is not SYNC:
-            plan = _plan(op, info, args, kwargs, tensors, device, meta, given) if info.plans is not None else None
-            if plan is None:
-                return _run_async(op, info, args, kwargs, tensors, device, meta)
-            if described is not None and plan.cacheable:
-                _remember(info, described[0], plan)
-            else:
-                described = [None, *_swap(args, kwargs, info, device, _host_view_or_snapshot, "cpu"),
-                             _C._extents(tensors)]
-            return _run(plan, described, args, kwargs)
-    return _run_sync(op, info, args, kwargs, tensors, device)
+    try:
+        given = args, kwargs
+        args, kwargs = _wrap_numbers(info, args, kwargs)
+        tensors = _tensors(args, kwargs)
+        device = _device_of(info, tensors, kwargs)
+        if not info.sync_only:
+            meta = _meta_outputs(op, info, args, kwargs, device)
+            if meta is not SYNC:
+                plan = _plan(op, info, args, kwargs, tensors, device, meta, given) if info.plans is not None else None
+                if plan is None:
+                    return _run_async(op, info, args, kwargs, tensors, device, meta)
+                if described is not None and plan.cacheable:
+                    _remember(info, described[0], plan)
+                else:
+                    described = [None, *_swap(args, kwargs, info, device, _host_view_or_snapshot, "cpu"),
+                                 _C._extents(tensors)]
+                return _run(plan, described, args, kwargs)
+        return _run_sync(op, info, args, kwargs, tensors, device)
+    except BaseException:
+        if described:  # this frame stays in the traceback: its host views must not (see _run)
+            described.clear()
+        raise
 # LITERALINCLUDE END: FALLBACK
 
 
@@ -745,7 +750,11 @@ def _run_sync(op, info: OpInfo, args, kwargs, tensors, device: torch.device) -> 
         if a is not None and a.kwarg_only and a.alias_info is not None and a.alias_info.is_write:
             outs_by_name[name] = kwargs[name]  # out=: let the CPU kernel size a host tensor, copy after
             cpu_kwargs[name] = _map(kwargs[name], lambda t: torch.empty(0, dtype=t.dtype))
-    result = run_sync(device.index, lambda: op(*cpu_args, **cpu_kwargs), tensors=tensors, name=info.name)
+    try:
+        result = run_sync(device.index, lambda: op(*cpu_args, **cpu_kwargs), tensors=tensors, name=info.name)
+    except BaseException:
+        cpu_args = cpu_kwargs = None  # this frame stays in the traceback: it must not show the host views
+        raise
     if not info.returns:
         return None
     results = [result] if len(info.returns) == 1 else list(result)
