@@ -854,6 +854,27 @@ def test_non_contiguous_matmul_conv_and_channels_last():
     assert out.is_contiguous(memory_format=torch.channels_last)
 
 
+@pytest.mark.parametrize("input_format", [torch.contiguous_format, torch.channels_last])
+@pytest.mark.parametrize("weight_format", [torch.contiguous_format, torch.channels_last])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_convolution_output_layout_follows_the_cpu(input_format, weight_format, dtype):
+    """The CPU's oneDNN convolution keeps a channels-last input or weight channels-last (and float64,
+    which oneDNN does not take, does not): openreg's output has the CPU's strides, and its gradients
+    the CPU's values."""
+    x = torch.randn(2, 3, 9, 9, dtype=dtype).contiguous(memory_format=input_format).requires_grad_()
+    w = torch.randn(4, 3, 3, 3, dtype=dtype).contiguous(memory_format=weight_format).requires_grad_()
+    dx, dw = (t.detach().to(DEV).requires_grad_() for t in (x, w))
+    expected, got = F.conv2d(x, w, padding=1), F.conv2d(dx, dw, padding=1)
+    assert got.stride() == expected.stride()
+    torch.testing.assert_close(got.cpu(), expected)
+    grad = torch.randn(expected.shape, dtype=dtype)
+    expected.backward(grad)
+    got.backward(grad.to(DEV))
+    torch.testing.assert_close(dx.grad.cpu(), x.grad)
+    torch.testing.assert_close(dw.grad.cpu(), w.grad)
+    assert dx.grad.stride() == x.grad.stride()
+
+
 def test_noncontiguous_copy_to_and_from_cpu():
     x = torch.randn(5, 6)
     d = x.t().to(DEV)  # non-contiguous source

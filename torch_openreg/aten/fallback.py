@@ -49,6 +49,9 @@ CPU_DECIDES_OUTPUTS = {"aten::_batch_norm_with_update", "aten::_embedding_bag", 
 # dtype unless a reduced-precision input meets float32 parameters, and empty when not training. The
 # meta run's outputs are corrected by that rule (``_cpu_statistics``), so they stay asynchronous.
 CPU_STATISTICS = {"aten::native_batch_norm", "aten::_native_batch_norm_legit", "aten::native_layer_norm"}
+# The convolution's meta kernel gives a contiguous output where the CPU's oneDNN kernel keeps a
+# channels-last input or weight channels-last: the meta run's output takes the CPU's layout (_cpu_layout).
+CPU_LAYOUT = {"aten::convolution"}
 # LITERALINCLUDE END: NEVER FALLBACK
 
 FRESH, VIEW, INPLACE = "fresh", "view", "inplace"
@@ -94,6 +97,7 @@ class OpInfo:
         # generator waits for queued work before the host seeds it or reads or sets its state.
         self.sync_only = not tensor_only or schema.name in CPU_DECIDES_OUTPUTS
         self.cpu_statistics = schema.name in CPU_STATISTICS
+        self.cpu_layout = schema.name in CPU_LAYOUT
         self.out_names = self._out_overload_names(op)
         # Call plans by argument key (see _Plan), for the operators that run through an out= kernel or
         # return only fresh tensors, and need nothing but their arguments: no generator, no device argument.
@@ -315,6 +319,8 @@ def _meta_outputs(op, info: OpInfo, args: tuple, kwargs: dict, device: torch.dev
         meta = SYNC
     if meta is not SYNC and info.cpu_statistics:
         meta = _cpu_statistics(info, args, kwargs, meta)
+    if meta is not SYNC and info.cpu_layout:
+        meta = _cpu_layout(args, meta)
     if key is not None:
         if len(_meta_cache) >= _META_CACHE_SIZE:
             _meta_cache.clear()
@@ -340,6 +346,20 @@ def _cpu_statistics(info: OpInfo, args: tuple, kwargs: dict, meta: tuple) -> tup
     training = info.value(args, kwargs, info.positions["training"]) if "training" in info.positions else True
     stats = [torch.empty(m.shape if training else (0,), dtype=dtype, device="meta") for m in meta[1:3]]
     return (meta[0], *stats, *meta[3:])
+
+
+def _cpu_layout(args: tuple, meta: torch.Tensor) -> torch.Tensor:
+    """A convolution's output in the memory format the CPU would give it: PyTorch's own choice of
+    convolution backend and of its memory format, asked for CPU stand-ins of the input and weight
+    (allocated, never touched; once per call shape, as the meta run is memoized)."""
+    input, weight, _, *rest = args
+    stand_ins = [torch.empty_strided(t.shape, t.stride(), dtype=t.dtype) for t in (input, weight)]
+    try:
+        backend = torch._C._select_conv_backend(*stand_ins, None, *rest)
+        layout = torch._C._conv_determine_backend_memory_format(*stand_ins, backend)
+    except RuntimeError:  # arguments the CPU's selection refuses: the meta kernel's layout stands
+        return meta
+    return meta.contiguous(memory_format=layout)
 # LITERALINCLUDE END: CPU STATISTICS
 
 
