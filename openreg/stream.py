@@ -15,6 +15,7 @@ sleeping until it is done (a thread round trip costs ~170 us).
 from __future__ import annotations
 
 import collections
+import contextlib
 import itertools
 import os
 import sys
@@ -36,6 +37,21 @@ _IDLE = 1e-3  # seconds without a launch before a stream's worker starts on queu
 _NAP_MAX = 8e-3  # longest nap of a worker that keeps finding the host still launching
 _LINGER = 1e-3  # seconds a drained stream keeps finished items' buffers open for the next ones
 _AWAKE = 0.1  # seconds after the last launch that a worker keeps checking on its own, unwoken
+
+# LITERALINCLUDE START: KERNEL CONTEXT
+# What every thread that runs kernels enters first: a worker for its whole life, a host thread that
+# runs queued work itself (wait_for) for as long as it does. A client sets it once, before launching:
+# torch_openreg makes kernels run with autograd, autocast and Python modes off, whatever the state
+# of the host thread that happens to run them.
+_kernel_context: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
+
+
+def set_kernel_context(factory: Callable[[], contextlib.AbstractContextManager]) -> None:
+    """Make ``factory()`` the context kernels run in (a fresh one per thread that runs them)."""
+    global _kernel_context
+    _kernel_context = factory
+# LITERALINCLUDE END: KERNEL CONTEXT
+
 
 # Priorities follow CUDA: lower numbers are more urgent; 0 is the default.
 PRIORITY_LOW = 0
@@ -142,33 +158,43 @@ class _Queue:
     # LITERALINCLUDE END: STREAM RUN
 
     # LITERALINCLUDE START: STREAM WAIT
-    def wait_for(self, seq: int) -> None:
+    def wait_for(self, seq: int, settle: bool = True) -> None:
         """Block until launch ``seq`` has finished, running queued work here when the worker is idle.
 
         A host that has waited for everything finds device memory closed again: it closes what
-        the finished items left open before it returns.
+        the finished items left open before it returns (``settle``). A wait queued on another stream
+        (``Stream.wait_event``) only needs ``seq`` done: the last item may be the very kernel whose
+        thread is waiting, so waiting for it to finish as well would wait forever.
         """
         if forked():
             start()  # raises: the workers did not survive the fork
-        while True:
-            with self.cond:
-                if self.done >= seq:
-                    if self.items or self._settled() or not self.busy:
-                        return
-                    self._wait()  # the last item is finishing: close after it
-                    continue
-                if self.busy or not self.items:
-                    self._wait()
-                    continue
-                item = self.items.popleft()
-                self.busy = True
-                ahead = []
-                if seq > self.ahead:  # once per wait: the queue is scanned once, not once per item
-                    ahead = [it for it in (item, *self.items) if self.ahead < it.seq <= seq]
-                    self.ahead = seq
-            if ahead:
-                self._grant_ahead(ahead)
-            self.run(item)
+        scope = None  # the kernel context, entered once this host runs an item itself
+        try:
+            while True:
+                with self.cond:
+                    if self.done >= seq:
+                        if not settle or self.items or self._settled() or not self.busy:
+                            return
+                        self._wait()  # the last item is finishing: close after it
+                        continue
+                    if self.busy or not self.items:
+                        self._wait()
+                        continue
+                    item = self.items.popleft()
+                    self.busy = True
+                    ahead = []
+                    if seq > self.ahead:  # once per wait: the queue is scanned once, not once per item
+                        ahead = [it for it in (item, *self.items) if self.ahead < it.seq <= seq]
+                        self.ahead = seq
+                if scope is None:
+                    scope = _kernel_context()
+                    scope.__enter__()
+                if ahead:
+                    self._grant_ahead(ahead)
+                self.run(item)
+        finally:
+            if scope is not None:
+                scope.__exit__(None, None, None)
 
     def _wait(self) -> None:
         """Wait for an item to finish (with the lock held)."""
@@ -212,13 +238,20 @@ class _Queue:
         that finishes items (hosts waiting for those have a condition of their own); and launches
         wake it only from a deep sleep, which it enters once ``_AWAKE`` seconds pass without one.
         """
+        with _kernel_context():
+            self._serve()
+
+    def _serve(self) -> None:
         nap = _IDLE
         while True:
             with self.cond:
                 while True:
                     if self.closed and not self.items:
-                        self.worker = None
-                        return
+                        if self._settled():  # what finished items left open goes, and frees waiting on it
+                            self.worker = None
+                            return
+                        self.wake.wait(_LINGER)  # the last item is still finishing on a stealing host
+                        continue
                     now = time.monotonic()
                     if self.items and not self.busy:
                         if now - self.last_launch >= _IDLE:
@@ -245,8 +278,12 @@ class _Queue:
     # LITERALINCLUDE END: STREAM SERVE
 
     def close(self) -> None:
+        """The stream is gone: its worker drains the queue and exits; an idle queue is settled here and
+        now, so that frees waiting on its finished work go through at once."""
         with self.cond:
             self.closed = True
+            if not self.items:
+                self._settled()
             self.cond.notify_all()
             self.wake.notify()
 
@@ -331,7 +368,7 @@ class Stream:
         queue, seq = target
         if queue is self._q:
             return  # in-order already
-        self.launch(queue.wait_for, seq, name="wait_event")
+        self.launch(queue.wait_for, seq, False, name="wait_event")
 
 
 def _report(q: _Queue) -> None:

@@ -10,4 +10,4 @@ python -m pytest tests -q "$@"
 # The debugging mode every launch waits in (like CUDA_LAUNCH_BLOCKING=1): the stream and memory
 # semantics must hold there too (tests that need asynchrony skip themselves).
 OPENREG_LAUNCH_BLOCKING=1 python -m pytest -q tests/runtime tests/torch/test_streams_events.py \
-    tests/torch/test_memory.py tests/torch/test_ops.py tests/torch/test_errors.py
+    tests/torch/test_memory.py tests/torch/test_ops.py tests/torch/test_errors.py tests/torch/test_copy_matrix.py

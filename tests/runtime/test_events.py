@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import threading
 import time
 
 import pytest
@@ -238,3 +239,26 @@ def test_event_without_fixed_device_takes_the_stream_device(two_devices):
     event = openreg.Event()
     event.record(openreg.Stream(1))
     assert event.device == 1
+
+
+def test_streams_waiting_on_each_other_do_not_deadlock_a_host_that_runs_them():
+    """Two streams ordered both ways (as a peer copy orders them): a host that synchronizes runs a
+    wait item that runs the other stream's wait item, which must not wait for the first one to finish."""
+    a, b = openreg.Stream(0), openreg.Stream(0)
+    a.launch(lambda: None)
+    first = openreg.Event()
+    first.record(a)
+    b.wait_event(first)  # b waits for a's kernel
+    b.launch(lambda: None)
+    second = openreg.Event()
+    second.record(b)
+    a.wait_event(second)  # and a waits for b's
+    done = threading.Event()
+
+    def host():
+        a.synchronize()
+        done.set()
+
+    thread = threading.Thread(target=host, daemon=True)
+    thread.start()
+    assert done.wait(10), "a host synchronizing two streams that wait on each other hung"

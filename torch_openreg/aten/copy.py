@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 import openreg
+from torch_openreg import _C
 from torch_openreg.memory import host_allocator
 
 from .launch import host_view, launch, run_sync
@@ -22,24 +23,39 @@ def _copy_into(dst_view: torch.Tensor, src: torch.Tensor) -> None:
 
 # LITERALINCLUDE START: COPY FROM
 def copy_from(src: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
-    """``aten::_copy_from``: copy ``src`` into ``dst`` where either side is openreg."""
+    """``aten::_copy_from``: copy ``src`` into ``dst`` where either side is openreg.
+
+    The kernel gets views of both sides, never the caller's tensors: a CPU side is passed as an
+    alias of its storage (``_C._cpu_alias``), which keeps the host buffer alive until the copy has
+    run and carries no autograd state (``dst`` may be a tensor autograd already tracks).
+    """
     if src.get_device() >= 0 and dst.get_device() >= 0:
-        if src.device != dst.device:
-            # Peer copy: run on the destination's stream after the source's pending work.
-            event = openreg.Event()
-            event.record(openreg.current_stream(src.device.index))
-            openreg.current_stream(dst.device.index).wait_event(event)
-        launch(dst.device.index, _copy_into, host_view(dst), host_view(src), tensors=(dst, src), name="copy_d2d")
+        if src.device == dst.device:
+            launch(dst.device.index, _copy_into, host_view(dst), host_view(src), tensors=(dst, src), name="copy_d2d")
+            return dst
+        # Peer copy, ordered both ways as CUDA orders it: it runs on the destination's stream after
+        # the source's pending work, and the source's stream waits for it, so that the source's
+        # memory is not reused (or written) on its own stream before the copy has read it.
+        src_stream = openreg.current_stream(src.device.index)
+        dst_stream = openreg.current_stream(dst.device.index)
+        ready = openreg.Event()
+        ready.record(src_stream)
+        dst_stream.wait_event(ready)
+        launch(dst.device.index, _copy_into, host_view(dst), host_view(src), tensors=(dst, src), name="copy_peer")
+        done = openreg.Event()
+        done.record(dst_stream)
+        src_stream.wait_event(done)
         return dst
     if dst.get_device() >= 0:  # host to device
-        device, tensors, args, host = dst.device.index, (dst,), (host_view(dst), src), src
+        device, tensors, args, host = dst.device.index, (dst,), (host_view(dst), _C._cpu_alias(src)), src
     else:  # device to host
-        device, tensors, args, host = src.device.index, (src,), (dst, host_view(src)), dst
+        device, tensors, args, host = src.device.index, (src,), (_C._cpu_alias(dst), host_view(src)), dst
     if non_blocking and host.is_pinned():
         stream, _ = launch(device, _copy_into, *args, tensors=tensors, name="copy_async")
         # The pinned block must not be handed out again before this copy has run.
         host_allocator.record_event(host.untyped_storage().data_ptr(), stream)
     else:
+        # Pageable host memory: the copy waits for itself (as cudaMemcpy from pageable memory does).
         run_sync(device, _copy_into, *args, tensors=tensors, name="copy")
     return dst
 # LITERALINCLUDE END: COPY FROM

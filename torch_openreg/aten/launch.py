@@ -64,6 +64,10 @@ class _Kernel:
         raise error
 
 
+# Kernels run with autograd, autocast and Python modes off, on whichever thread runs them.
+openreg.stream.set_kernel_context(_C._KernelScope)
+
+
 # LITERALINCLUDE START: LAUNCH
 def launch(device: int, fn: Callable[..., Any], *args: Any, tensors: tuple | list, name: str) -> tuple:
     """Queue ``fn(*args)`` on ``device``'s current stream; returns ``(stream, seq)``."""

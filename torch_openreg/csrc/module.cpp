@@ -20,6 +20,7 @@ std::vector<std::vector<uintptr_t>> set_cpu_output_targets(const std::vector<at:
                                                            const std::vector<int64_t>& skips);
 void install_cpu_output_allocator();
 size_t cpu_outputs_held();
+void bind_kernel_scope(py::module& m);
 
 // LITERALINCLUDE START: HOST VIEW
 // A CPU tensor over the same bytes as an openreg tensor (same sizes, strides,
@@ -43,6 +44,21 @@ at::Tensor host_view(const at::Tensor& t) {
   return view;
 }
 // LITERALINCLUDE END: HOST VIEW
+
+// LITERALINCLUDE START: CPU ALIAS
+// A CPU tensor sharing a CPU tensor's storage (which it keeps alive), with its own version counter
+// and no autograd history: what a queued copy writes or reads instead of the caller's tensor, so the
+// kernel neither records autograd history on it nor sees it resized or re-pointed after the call.
+at::Tensor cpu_alias(const at::Tensor& t) {
+  TORCH_CHECK(t.device().is_cpu(), "cpu_alias expects a CPU tensor, got one on ", t.device());
+  auto alias = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(t.storage()),
+                                                        c10::DispatchKeySet(c10::DispatchKey::CPU), t.dtype());
+  alias.unsafeGetTensorImpl()->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
+  alias._set_conj(t.is_conj());
+  alias._set_neg(t.is_neg());
+  return alias;
+}
+// LITERALINCLUDE END: CPU ALIAS
 
 namespace {
 void close_ipc(void* base) { call_quietly("ipc_close", reinterpret_cast<uintptr_t>(base)); }
@@ -71,6 +87,7 @@ PYBIND11_MODULE(_C, m) {
   openreg::register_serialization();
   openreg::install_cpu_output_allocator();
   m.def("_host_view", &openreg::host_view, "CPU tensor aliasing an openreg tensor's device memory");
+  m.def("_cpu_alias", &openreg::cpu_alias, "CPU tensor sharing a CPU tensor's storage, without its autograd state");
   m.def("_cpu_generator", &openreg::cpu_generator, "the CPU generator an openreg generator forwards to");
   m.def("_default_generator", [](c10::DeviceIndex index) { return openreg::default_generator(index); },
         "the default generator of an openreg device");
@@ -98,6 +115,7 @@ PYBIND11_MODULE(_C, m) {
         "serve this thread's next CPU allocations of these tensors' sizes from their memory, after letting "
         "skips[i] through ([] stops it); returns the previous targets' allocations of their sizes");
   m.def("_cpu_outputs_held", &openreg::cpu_outputs_held, "buffers served to this thread's CPU kernels still held");
+  openreg::bind_kernel_scope(m);
   m.def("_set_backend_meta", &openreg::set_backend_meta, "attach openreg backend metadata (a format number)");
   m.def("_get_backend_meta", &openreg::get_backend_meta, "the openreg backend metadata of a tensor, or None");
   m.def("_copy_backend_meta", &openreg::copy_backend_meta, "clone src's backend metadata onto dst");
