@@ -34,6 +34,28 @@ class OpenRegError(RuntimeError):
         super().__init__(f"openreg error {self.code.name} ({int(self.code)}): {message}")
 
 
-def fail(code: ErrorCode, message: str) -> OpenRegError:
-    """Build the error to raise; keeps call sites on one line."""
-    return OpenRegError(code, message)
+# LITERALINCLUDE START: LAUNCH FAILURE
+_failure_types: dict[type, type] = {}
+
+
+def launch_failure(message: str, cause: BaseException) -> OpenRegError:
+    """The LAUNCH_FAILURE a kernel that raised ``cause`` reports at the next synchronizing call.
+
+    It is an :class:`OpenRegError` and also an instance of the kernel's own exception type
+    (``except IndexError`` catches an out-of-bounds index found asynchronously, as it catches the
+    CPU's), where Python can combine the two; the kernel's exception is its ``__cause__``.
+    """
+    kind = type(cause)
+    cls = _failure_types.get(kind)
+    if cls is None:
+        cls = OpenRegError
+        if issubclass(kind, Exception) and not issubclass(kind, OpenRegError):
+            try:
+                cls = type(f"OpenReg{kind.__name__}", (OpenRegError, kind), {"__module__": __name__})
+            except TypeError:  # an exception type with its own instance layout: not combinable
+                pass
+        _failure_types[kind] = cls
+    error = cls(ErrorCode.LAUNCH_FAILURE, message)
+    error.__cause__ = cause
+    return error
+# LITERALINCLUDE END: LAUNCH FAILURE

@@ -28,7 +28,7 @@ from typing import Any
 
 from . import memory
 from .device import check_device, device_count, forked, get_device, start
-from .errors import ErrorCode, OpenRegError
+from .errors import ErrorCode, OpenRegError, launch_failure
 
 LAUNCH_BLOCKING = os.environ.get("OPENREG_LAUNCH_BLOCKING", "0") not in ("", "0")
 
@@ -59,11 +59,13 @@ PRIORITY_HIGH = -1
 
 
 class _Item:
-    __slots__ = ("fn", "args", "spans", "name", "seq", "granted")
+    __slots__ = ("fn", "args", "spans", "name", "seq", "granted", "owner", "outcome")
 
     def __init__(self, fn: Callable[..., Any], args: tuple, spans: list, name: str, seq: int) -> None:
         self.fn, self.args, self.spans, self.name, self.seq = fn, args, spans, name, seq
         self.granted = False  # its pages were opened ahead of it, with the rest of a batch
+        self.owner = 0  # for Stream.run_here: the thread that runs it (and gets its result); 0: anyone
+        self.outcome: tuple | None = None  # for Stream.run_here: (True, result) or (False, exception)
 
 
 class _Queue:
@@ -102,15 +104,17 @@ class _Queue:
             if not item.granted:
                 memory.grant(item.spans)
             self.open.extend(item.spans)
-            item.fn(*item.args)
+            if item.owner:
+                item.outcome = (True, item.fn(*item.args))
+            else:
+                item.fn(*item.args)
         except BaseException as exc:  # noqa: BLE001 - any kernel failure becomes a device fault
-            if self.error is None:
-                error = OpenRegError(
-                    ErrorCode.LAUNCH_FAILURE,
-                    f"{item.name} on openreg:{self.device} stream {self.id} failed: {type(exc).__name__}: {exc}",
+            if item.owner:
+                item.outcome = (False, exc)  # raised as is by run_here, on the thread that called it
+            elif self.error is None:
+                self.error = launch_failure(
+                    f"{item.name} on openreg:{self.device} stream {self.id} failed: {type(exc).__name__}: {exc}", exc
                 )
-                error.__cause__ = exc
-                self.error = error
         finally:
             if _observers:
                 self._observe(item, started)
@@ -177,8 +181,8 @@ class _Queue:
                             return
                         self._wait()  # the last item is finishing: close after it
                         continue
-                    if self.busy or not self.items:
-                        self._wait()
+                    if self.busy or not self.items or self.items[0].owner not in (0, threading.get_ident()):
+                        self._wait()  # (an item for run_here runs on the thread that asked for it)
                         continue
                     item = self.items.popleft()
                     self.busy = True
@@ -253,7 +257,7 @@ class _Queue:
                         self.wake.wait(_LINGER)  # the last item is still finishing on a stealing host
                         continue
                     now = time.monotonic()
-                    if self.items and not self.busy:
+                    if self.items and not self.busy and not self.items[0].owner:
                         if now - self.last_launch >= _IDLE:
                             break  # the host has paused: run the next item
                         timeout = max(self.last_launch + _IDLE - now, nap)
@@ -337,6 +341,37 @@ class Stream:
             self.synchronize()
         return seq
     # LITERALINCLUDE END: STREAM LAUNCH
+
+    # LITERALINCLUDE START: STREAM RUN HERE
+    def run_here(self, fn: Callable[..., Any], *args: Any, buffers: tuple | list = (), name: str = "kernel") -> Any:
+        """Launch ``fn(*args)`` and run it on the calling thread, in stream order: a launch followed by a
+        synchronize, where the caller runs the kernel itself. Returns ``fn``'s result; an earlier kernel's
+        error is reported first (LAUNCH_FAILURE), then ``fn``'s own exception is raised as it is, and
+        its warnings are the caller's: what a host-side check in a CUDA operator gives at the call.
+        """
+        start()
+        spans = memory.acquire(buffers) if buffers else []
+        q = self._q
+        item = _Item(fn, args, spans, name, 0)
+        item.owner = threading.get_ident()
+        with q.lock:
+            q.launched += 1
+            item.seq = q.launched
+            q.items.append(item)
+            q.last_launch = time.monotonic()
+        try:
+            q.wait_for(item.seq)
+        finally:
+            if item.outcome is None:  # interrupted (KeyboardInterrupt) before it ran: an ordinary launch now
+                with q.lock:
+                    item.owner = 0
+        self.check_error()
+        ok, value = item.outcome
+        if not ok:
+            item.outcome = None
+            raise value
+        return value
+    # LITERALINCLUDE END: STREAM RUN HERE
 
     def wait_for(self, seq: int) -> None:
         """Block until launch number ``seq`` on this stream has finished."""

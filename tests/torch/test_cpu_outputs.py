@@ -105,17 +105,15 @@ def test_a_kernel_that_keeps_served_memory_is_reported_and_no_longer_served(test
     ops, kept = test_ops
     before = memory_in_use()
     x = torch.randn(64)
-    out = ops.keeps(x.to(DEV))
     with pytest.raises(RuntimeError, match="kept memory it allocated during its call"):
-        torch.openreg.synchronize()
-    torch.testing.assert_close(out.cpu(), x * 3)  # the result itself was right
+        ops.keeps(x.to(DEV))  # found at the first call of the shape, which runs at the call
     kept.clear()
     again = ops.keeps(x.to(DEV))
     torch.openreg.synchronize()  # no longer served: the kernel keeps host memory of its own
     torch.testing.assert_close(again.cpu(), x * 3)
     assert kept[0].data_ptr() != again.data_ptr()
     kept.clear()
-    del out, again
+    del again
     assert memory_in_use() == before
 
 

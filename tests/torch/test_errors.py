@@ -161,45 +161,69 @@ def test_pin_memory_of_device_tensor():
         torch.empty(2, device="openreg", pin_memory=True)
 
 
-def fails_on_device(launch, match: str) -> None:
-    """``launch()`` queues a kernel that fails: the error is reported by the next synchronizing call.
+def fails_on_device(launch, match: str, kind: type = RuntimeError) -> None:
+    """``launch()`` queues a kernel that fails on the data: the error is reported by the next
+    synchronizing call, as a LAUNCH_FAILURE that is also the kernel's own exception type (``kind``).
 
     Under ``OPENREG_LAUNCH_BLOCKING=1`` every launch waits for its kernel, so the call itself raises.
     """
     if openreg.LAUNCH_BLOCKING:
-        with pytest.raises(RuntimeError, match=match):
+        with pytest.raises(kind, match=match):
             launch()
         return
     result = launch()  # returns at once, as an asynchronous device would
     assert result.device.type == "openreg"
-    with pytest.raises(RuntimeError, match=match):
+    with pytest.raises(kind, match=match) as info:
         torch.openreg.synchronize()
-
-
-def test_unsupported_dtype_surfaces_at_synchronize():
-    x = torch.ones(3, device="openreg")
-    # the CPU kernel has no float gcd: the kernel fails on the device
-    fails_on_device(lambda: torch.gcd(x, x), r"LAUNCH_FAILURE.*aten::gcd.*openreg:0.*not implemented for 'Float'")
-    torch.openreg.synchronize()  # reported once
-
-
-def test_unsupported_dtype_surfaces_at_next_host_read():
-    if openreg.LAUNCH_BLOCKING:
-        pytest.skip("needs asynchronous launches (OPENREG_LAUNCH_BLOCKING is set)")
-    b = torch.ones(3, 3, dtype=torch.bool, device="openreg")
-    (b @ b)  # no CPU matmul for bool
-    with pytest.raises(RuntimeError, match=r"LAUNCH_FAILURE.*aten::mm.*'Bool'") as info:
-        torch.arange(3, device="openreg").cpu()
     assert isinstance(info.value, openreg.OpenRegError)
     assert info.value.code == openreg.ErrorCode.LAUNCH_FAILURE
-    assert isinstance(info.value.__cause__, NotImplementedError)
+    assert isinstance(info.value.__cause__, kind)
+
+
+def _index(t: torch.Tensor, i: torch.Tensor) -> torch.Tensor:
+    return t[i]
+
+
+def checked_index(device: str = "openreg") -> torch.Tensor:
+    """A 3-element tensor whose integer indexing by a 1-element index has been checked once (valid
+    indices): the first call of a call shape runs at the call, later ones are queued."""
+    t = torch.ones(3, device=device)
+    _index(t, torch.tensor([0], device=device))
+    return t
+
+
+def test_unsupported_dtype_raises_at_the_call_like_the_cpu():
+    """A check in the CPU kernel's host code (no float gcd) raises at the call, with the CPU's exception,
+    as CUDA's host-side checks do; nothing is left on the stream."""
+    x = torch.ones(3, device="openreg")
+    with pytest.raises(NotImplementedError, match=r"\"gcd_cpu\" not implemented for 'Float'"):
+        torch.gcd(torch.ones(3), torch.ones(3))
+    for _ in range(2):  # every time, not only the first
+        with pytest.raises(NotImplementedError, match=r"\"gcd_cpu\" not implemented for 'Float'"):
+            torch.gcd(x, x)
+    torch.openreg.synchronize()  # nothing left to report
+    b = torch.ones(3, 3, dtype=torch.bool, device="openreg")
+    with pytest.raises(NotImplementedError, match="'Bool'"):
+        b @ b  # no CPU matmul for bool
+    torch.testing.assert_close(torch.arange(3, device="openreg").cpu(), torch.arange(3))
+
+
+def test_data_dependent_error_surfaces_at_next_host_read():
+    if openreg.LAUNCH_BLOCKING:
+        pytest.skip("needs asynchronous launches (OPENREG_LAUNCH_BLOCKING is set)")
+    t = checked_index()
+    _index(t, torch.tensor([7], device="openreg"))  # out of bounds: found by the kernel, on the device
+    with pytest.raises(IndexError, match=r"LAUNCH_FAILURE.*aten::index.*out of bounds") as info:
+        torch.arange(3, device="openreg").cpu()
+    assert isinstance(info.value, openreg.OpenRegError)
+    assert isinstance(info.value.__cause__, IndexError)
 
 
 def test_failing_kernel_does_not_poison_later_work():
     x_cpu = torch.randn(8, 8)
     x = x_cpu.to("openreg")
-    bad = torch.ones(4, device="openreg")
-    fails_on_device(lambda: torch.bitwise_and(bad, bad), "bitwise_and")  # no float bitwise_and on the CPU
+    t = checked_index()
+    fails_on_device(lambda: _index(t, torch.tensor([-9], device="openreg")), "out of bounds", IndexError)
     y = (x @ x).relu().sum(0)
     torch.testing.assert_close(y.cpu(), (x_cpu @ x_cpu).relu().sum(0))
     torch.openreg.synchronize()
@@ -209,9 +233,10 @@ def test_failing_kernel_does_not_poison_later_work():
 def test_kernel_error_on_side_stream_surfaces_at_device_sync():
     s = torch.openreg.Stream()
     with torch.openreg.stream(s):
+        t = checked_index()
         i = torch.tensor([5], device="openreg")
         # index out of range: found by the kernel
-        fails_on_device(lambda: torch.ones(3, device="openreg")[i], r"aten::index.*out of bounds")
+        fails_on_device(lambda: _index(t, i), r"aten::index.*out of bounds", IndexError)
     s.synchronize()  # already reported
 
 

@@ -253,6 +253,7 @@ def test_record_stream_holds_the_block_until_the_other_stream_is_done(asynchrono
     with dev.stream(a):
         x = torch.ones(1024, device="openreg")
         ptr = x.data_ptr()
+        torch.ones(1024, device="openreg").mul_(2)  # the call shape is checked: its later calls are queued
     _block_stream(b, 0.3)
     with dev.stream(b):
         x.mul_(2)

@@ -140,6 +140,7 @@ def test_current_stream_is_per_thread():
 def test_query_and_synchronize(gate):
     s = torch.openreg.Stream()
     assert s.query()
+    torch.arange(6.0, device="openreg") + 1  # this call shape is checked (its first call runs at the call)
     gate.block(s)
     with torch.openreg.stream(s):
         y = torch.arange(6.0, device="openreg") + 1

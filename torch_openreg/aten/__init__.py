@@ -43,6 +43,10 @@ for _key in ("Conjugate", "Negative"):
 for _name in ("native_layer_norm", "native_group_norm", "addr"):
     _aten.impl(_name, functools.partial(fallback.fallback, getattr(torch.ops.aten, _name).default), "PrivateUse1")
 
+# mode's out= overload is a composite that refuses devices other than CPU, CUDA and XPU before it
+# dispatches: openreg runs the CPU's out= kernel through the fallback, like any other operator.
+_aten.impl("mode.values", functools.partial(fallback.fallback, torch.ops.aten.mode.values), "PrivateUse1")
+
 # The CPU computes relu as clamp_min(x, 0); relu's out= kernel, which the fallback would pick, is a
 # slower generic loop (3x on a 32 MiB activation). Route relu the way the CPU does.
 _aten.impl("relu", lambda x: fallback.fallback(torch.ops.aten.clamp_min.default, x, 0), "PrivateUse1")

@@ -295,8 +295,9 @@ def _type_key_of(value: Any) -> Any:
     return _key_of(value)
 
 
-def _meta_outputs(op, info: OpInfo, args: tuple, kwargs: dict, device: torch.device) -> Any:
-    """Output metadata from a meta run, memoized by operator and argument metadata.
+def _meta_outputs(op, info: OpInfo, args: tuple, kwargs: dict, device: torch.device) -> tuple[Any, Any]:
+    """``(key, output metadata)``: a meta run, memoized by operator and argument metadata (the key;
+    None for arguments that cannot be hashed).
 
     A meta run costs 20-200 us; the same call shapes recur every training step.
     The cached meta tensors are only ever read.
@@ -308,10 +309,11 @@ def _meta_outputs(op, info: OpInfo, args: tuple, kwargs: dict, device: torch.dev
     except TypeError:
         key = None
     if key is not None and key in _meta_cache:
-        return _meta_cache[key]
+        return key, _meta_cache[key]
     meta_args, meta_kwargs = _swap(args, kwargs, info, device, _to_meta, "meta")
     try:
-        meta = op(*meta_args, **meta_kwargs)
+        with _C._WarningRecorder():  # dropped: the CPU kernel gives the caller the operator's warnings
+            meta = op(*meta_args, **meta_kwargs)
     except Exception:
         # No meta kernel, data-dependent output shapes (a boolean mask), or a check that needs the
         # data: this call shape goes the synchronous way, where the CPU kernel decides. Remembered per
@@ -324,8 +326,9 @@ def _meta_outputs(op, info: OpInfo, args: tuple, kwargs: dict, device: torch.dev
     if key is not None:
         if len(_meta_cache) >= _META_CACHE_SIZE:
             _meta_cache.clear()
+            _checked.clear()
         _meta_cache[key] = meta
-    return meta
+    return key, meta
 # LITERALINCLUDE END: META CACHE
 
 
@@ -406,7 +409,7 @@ def fallback(op: torch._ops.OpOverload, *args: Any, **kwargs: Any) -> Any:
     if info is None:
         info = _infos[op] = OpInfo(op)
     described = None
-    if info.plans is not None:  # the fast path: a call of a shape seen before runs its plan
+    if info.plans is not None:  # the fast path: a call of a shape seen (and checked) before runs its plan
         described = _C._describe_call(args, kwargs, info.numbers_by_type)
         if described is not None:
             try:
@@ -414,7 +417,7 @@ def fallback(op: torch._ops.OpOverload, *args: Any, **kwargs: Any) -> Any:
             except TypeError:  # an unhashable argument: only the general path takes it
                 plan = described = None
             if plan is not None:
-                return _run(plan, described, args, kwargs)
+                return _run(plan, described, args, kwargs, openreg.LAUNCH_BLOCKING)
     if info.blocked:
         raise NotImplementedError(f"{info.name} is not supported on the openreg device: {info.blocked}")
     try:
@@ -423,22 +426,81 @@ def fallback(op: torch._ops.OpOverload, *args: Any, **kwargs: Any) -> Any:
         tensors = _tensors(args, kwargs)
         device = _device_of(info, tensors, kwargs)
         if not info.sync_only:
-            meta = _meta_outputs(op, info, args, kwargs, device)
+            key, meta = _meta_outputs(op, info, args, kwargs, device)
             if meta is not SYNC:
+                # The first call of a call shape runs synchronously, on this thread: the checks of the CPU
+                # kernel's host code raise here, with the CPU's exception, and its warnings are this
+                # caller's (see _checked). Later calls of a clean shape are queued.
+                check = openreg.LAUNCH_BLOCKING or key is None or key not in _checked
                 plan = _plan(op, info, args, kwargs, tensors, device, meta, given) if info.plans is not None else None
-                if plan is None:
-                    return _run_async(op, info, args, kwargs, tensors, device, meta)
-                if described is not None and plan.cacheable:
-                    _remember(info, described[0], plan)
-                else:
+                if plan is not None and not (described is not None and plan.cacheable):
                     described = [None, *_swap(args, kwargs, info, device, _host_view_or_snapshot, "cpu"),
                                  _C._extents(tensors)]
-                return _run(plan, described, args, kwargs)
+                try:
+                    with _Warnings(check) as warned:
+                        if plan is None:
+                            result = _run_async(op, info, args, kwargs, tensors, device, meta, check)
+                        else:
+                            result = _run(plan, described, args, kwargs, check)
+                except _CpuDisagrees:
+                    _meta_cache[key] = SYNC  # the CPU kernel decides this call shape's outputs from now on
+                else:
+                    if check and not warned and key is not None:
+                        _checked[key] = None
+                        if plan is not None and described and described[0] is not None:
+                            _remember(info, described[0], plan)
+                    return result
         return _run_sync(op, info, args, kwargs, tensors, device)
-    except BaseException:
+    except BaseException as exc:
         if described:  # this frame stays in the traceback: its host views must not (see _run)
             described.clear()
+        # Nor may the frames below it: they hold the call's outputs (device memory a caller that keeps
+        # the exception would keep) and host views. Their traceback is kept as text.
+        detach_frames(exc, "fallback")
         raise
+
+
+# Call shapes (meta-cache keys) whose first call ran synchronously without an error or a warning. A call
+# shape that warned is never entered: each of its calls runs synchronously, so each warns, as on the CPU.
+_checked: dict[tuple, None] = {}
+
+
+class _CpuDisagrees(RuntimeError):
+    """A CPU kernel's output differs in shape or dtype from what the meta kernel said (``nansum(x, dim=[])``
+    reduces everything on the CPU, nothing on meta): raised before any output is written."""
+
+
+def _check_output(name: str, view: torch.Tensor, result: torch.Tensor) -> None:
+    """Raise :class:`_CpuDisagrees` unless ``result`` (the CPU's) fits ``view`` (the meta kernel's output)."""
+    if result.shape != view.shape or result.dtype != view.dtype:
+        raise _CpuDisagrees(
+            f"{name}: the CPU kernel gave an output of shape {tuple(result.shape)} and dtype {result.dtype} where "
+            f"the meta kernel said {tuple(view.shape)} and {view.dtype}"
+        )
+
+
+class _Warnings:
+    """Around a checked call: counts the warnings its kernel raised on this thread, passing them on to the
+    caller's handler (unless the call is to run again on the synchronous path, which warns for itself)."""
+
+    def __init__(self, active: bool) -> None:
+        self.recorder = _C._WarningRecorder() if active else None
+
+    def __enter__(self) -> _Warnings:
+        if self.recorder is not None:
+            self.recorder.__enter__()
+        return self
+
+    def __exit__(self, kind, value, tb) -> None:
+        if self.recorder is not None:
+            self.recorder.__exit__(kind, value, tb)
+            if kind is None or not issubclass(kind, _CpuDisagrees):
+                self.recorder.flush()
+
+    def __bool__(self) -> bool:
+        return self.recorder is not None and self.recorder.count > 0
+
+
 # LITERALINCLUDE END: FALLBACK
 
 
@@ -485,7 +547,7 @@ def _match(real: torch.Tensor, m: torch.Tensor) -> bool:
 
 
 # LITERALINCLUDE START: RUN ASYNC
-def _run_async(op, info: OpInfo, args, kwargs, tensors, device: torch.device, meta) -> Any:
+def _run_async(op, info: OpInfo, args, kwargs, tensors, device: torch.device, meta, check: bool = False) -> Any:
     outs = _outputs(info, args, kwargs, device, meta)
     if not info.mutates and all(kind == VIEW for kind, _ in info.returns):
         return _pack(outs)  # a pure view: metadata only, nothing to compute
@@ -494,7 +556,7 @@ def _run_async(op, info: OpInfo, args, kwargs, tensors, device: torch.device, me
     written = [t for _, o in fresh for t in (o if isinstance(o, (list, tuple)) else [o]) if t is not None]
     targets = [(i, _map(o, host_view)) for i, o in fresh]
     kernel = _CopyKernel(op, cpu_args, cpu_kwargs, targets, len(info.returns), _call_shape(op, tensors))
-    launch(device.index, kernel, tensors=[*tensors, *written], name=info.name)
+    launch(device.index, kernel, tensors=[*tensors, *written], name=info.name, sync=check)
     return _pack(outs)
 
 
@@ -535,7 +597,7 @@ class _Plan:
         self.shape = shape  # for a functional kernel: the call's shape (see _CopyKernel); else None
         self.cacheable = True  # whether a later call with the same key may run this plan as it is
 
-    def run(self, host_args, host_kwargs: dict, extents: list, args: tuple, kwargs: dict) -> Any:
+    def run(self, host_args, host_kwargs: dict, extents: list, args: tuple, kwargs: dict, check: bool) -> Any:
         info = self.info
         if self.wrapped:
             host_args = list(host_args)
@@ -559,19 +621,19 @@ class _Plan:
         else:  # an out= overload called directly: it returns its out= arguments
             outs = [info.value(args, kwargs, arg) for _, arg in info.returns]
             kernel = _OutKernel(info, self.op, host_args, host_kwargs, info.out_kwargs, self.scratch)
-        launch_extents(self.index, kernel, extents=extents, name=info.name)
+        launch_extents(self.index, kernel, extents=extents, name=info.name, sync=check)
         return _pack(outs)
 
 
-def _run(plan: _Plan, described: list, args: tuple, kwargs: dict) -> Any:
-    """Run a plan over a call's ``[key, host args, host kwargs, extents]``.
+def _run(plan: _Plan, described: list, args: tuple, kwargs: dict, check: bool) -> Any:
+    """Run a plan over a call's ``[key, host args, host kwargs, extents]`` (``check``: synchronously).
 
     An error (out of memory, a forked child) leaves without the frames below this one, and with
     ``described`` emptied: the host views of device memory in them would fault a debugger or test
     runner that formats the frames' variables.
     """
     try:
-        return plan.run(described[1], described[2], described[3], args, kwargs)
+        return plan.run(described[1], described[2], described[3], args, kwargs, check)
     except Exception as exc:  # noqa: BLE001 - re-raised below, without the frames that hold the views
         error = exc
     described.clear()
@@ -641,10 +703,13 @@ class _OutKernel:
         info, out_op, cpu_args, cpu_kwargs, names = self.info, self.out_op, self.cpu_args, self.cpu_kwargs, self.names
         if not (self.scratch or info.scratch_out):
             views = [v for v in (cpu_kwargs[n] for n in names) if isinstance(v, torch.Tensor)]
-            strides = [v.stride() for v in views]
+            shapes = [(v.shape, v.stride()) for v in views]
             try:
                 out_op(*cpu_args, **cpu_kwargs)
-                for view, stride in zip(views, strides):
+                for view, (shape, stride) in zip(views, shapes):
+                    if view.shape != shape:  # shrunk in place: the CPU's output shape is not the meta kernel's
+                        raise _CpuDisagrees(f"{info.name}: the CPU kernel resized an output from "
+                                            f"{tuple(shape)} to {tuple(view.shape)}")
                     if view.stride() != stride:
                         _restride_back(view, stride)
                 return
@@ -663,10 +728,14 @@ class _OutKernel:
             host = {n: _map(cpu_kwargs[n], lambda t: torch.empty(0, dtype=t.dtype)) for n in names}
             out_op(*cpu_args, **inputs, **host)
             results = [host[n] for n in names]
+        pairs = []
         for n, result in zip(names, results):
             views = cpu_kwargs[n]
-            for view, r in zip(*(([views], [result]) if isinstance(views, torch.Tensor) else (views, result))):
-                view.copy_(r)
+            pairs.extend(zip(*(([views], [result]) if isinstance(views, torch.Tensor) else (views, result))))
+        for view, r in pairs:
+            _check_output(info.name, view, r)
+        for view, r in pairs:
+            view.copy_(r)
 
 
 def _restride_back(view: torch.Tensor, stride: tuple) -> None:
@@ -733,6 +802,7 @@ class _CopyKernel:
                 continue
             pairs = [(view, results[i])] if isinstance(view, torch.Tensor) else zip(view, results[i])
             for v, r in pairs:
+                _check_output(str(self.op), v, r)
                 if not _in_place(r, v):
                     # Moved out of memory served for another output (or held in another layout) before any copy.
                     copies.append((v, r.clone() if _storage_ptr(r) in served else r))

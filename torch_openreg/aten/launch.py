@@ -69,41 +69,47 @@ openreg.stream.set_kernel_context(_C._KernelScope)
 
 
 # LITERALINCLUDE START: LAUNCH
-def launch(device: int, fn: Callable[..., Any], *args: Any, tensors: tuple | list, name: str) -> tuple:
-    """Queue ``fn(*args)`` on ``device``'s current stream; returns ``(stream, seq)``."""
-    # the storages' extents: the runtime opens only their pages while the kernel runs
-    return launch_extents(device, fn, *args, extents=_C._extents(tensors), name=name)
+def launch(device: int, fn: Callable[..., Any], *args: Any, tensors: tuple | list, name: str,
+           sync: bool = False) -> Any:
+    """Queue ``fn(*args)`` on ``device``'s current stream; returns ``(stream, seq)``.
+
+    With ``sync``, run it here instead, in stream order (``Stream.run_here``), and return its result.
+    """
+    try:
+        # the storages' extents: the runtime opens only their pages while the kernel runs
+        return launch_extents(device, fn, *args, extents=_C._extents(tensors), name=name, sync=sync)
+    except BaseException:
+        args = tensors = ()  # noqa: F841 - this frame is in the traceback: it must not show the host views
+        raise
 
 
-def launch_extents(device: int, fn: Callable[..., Any], *args: Any, extents: list, name: str) -> tuple:
+def launch_extents(device: int, fn: Callable[..., Any], *args: Any, extents: list, name: str,
+                   sync: bool = False) -> Any:
     """:func:`launch` for a caller that has the ``(pointer, nbytes)`` extents already."""
     stream = openreg.current_stream(device)
-    return stream, stream.launch(_Kernel(fn, args), buffers=extents, name=name)
+    kernel = _Kernel(fn, args)
+    args = ()  # this frame may be in a traceback (sync): the kernel holds the host views, not the frame
+    if sync:
+        try:
+            return stream.run_here(kernel, buffers=extents, name=name)
+        except BaseException:
+            kernel = None
+            raise
+    return stream, stream.launch(kernel, buffers=extents, name=name)
 
 
 def run_sync(device: int, fn: Callable[..., Any], *args: Any, tensors: tuple | list, name: str) -> Any:
-    """Launch, wait for it, and return ``fn``'s result; ``fn``'s own error is raised as is.
+    """Launch ``fn(*args)``, run it on this thread once the stream's earlier work is done, and return its
+    result; ``fn``'s own error (and its warnings) reach the caller as they are.
 
     An error of an earlier asynchronous kernel on the stream is reported first,
     as the ``OpenRegError`` (LAUNCH_FAILURE) a synchronizing call reports.
     """
-    outcome: list = []
-
-    def body() -> None:
-        try:
-            outcome.append((True, fn(*args)))
-        except Exception as exc:  # noqa: BLE001 - re-raised below, on the caller's thread
-            detach_frames(exc)
-            outcome.append((False, exc))
-
-    stream, seq = launch(device, body, tensors=tensors, name=name)
-    stream.wait_for(seq)
-    stream.check_error()
-    ok, value = outcome[0]
-    if not ok:
-        args = ()  # noqa: F841 - this frame is in the traceback: it must not show the host views
-        raise value
-    return value
+    try:
+        return launch(device, fn, *args, tensors=tensors, name=name, sync=True)
+    except BaseException:
+        args = tensors = ()  # noqa: F841 - this frame is in the traceback: it must not show the host views
+        raise
 
 
 # LITERALINCLUDE END: LAUNCH

@@ -19,20 +19,16 @@ bool python_alive() {
 }
 
 // LITERALINCLUDE START: BRIDGE ERRORS
+// A runtime error keeps its Python type (an OpenRegError, which for a failed kernel is also the
+// kernel's own exception type: see openreg.errors.launch_failure), except OUT_OF_MEMORY, which
+// becomes c10::OutOfMemoryError (torch.OutOfMemoryError), as PyTorch's allocators report it.
 void rethrow(py::error_already_set& error) {
-  std::string message = error.what();
-  bool oom = false;
-  if (error.matches(py::module_::import("openreg").attr("OpenRegError"))) {
-    py::object code = error.value().attr("code");
-    oom = code.attr("name").cast<std::string>() == "OUT_OF_MEMORY";
-    message = py::str(error.value()).cast<std::string>();
-  } else {
-    throw; // any other Python exception keeps its type
-  }
-  if (oom) {
+  if (error.matches(py::module_::import("openreg").attr("OpenRegError")) &&
+      error.value().attr("code").attr("name").cast<std::string>() == "OUT_OF_MEMORY") {
+    std::string message = py::str(error.value()).cast<std::string>();
     TORCH_CHECK_WITH(OutOfMemoryError, false, message);
   }
-  TORCH_CHECK(false, message);
+  throw; // any other Python exception keeps its type
 }
 // LITERALINCLUDE END: BRIDGE ERRORS
 

@@ -24,9 +24,14 @@ bool python_alive();
 [[noreturn]] void rethrow(py::error_already_set& error);
 
 // LITERALINCLUDE START: BRIDGE CALL
+// A Python error may already be pending on this thread: a device guard restores the device while an
+// exception unwinds out of PyTorch's Python bindings (``x[0.0:2.0]`` raises TypeError in the middle of
+// indexing). It is set aside for the call and restored after, or the call would clear it and Python
+// would report "SystemError: error return without exception set" instead.
 template <typename R = void, typename... Args>
 R call(const char* name, Args&&... args) {
   py::gil_scoped_acquire gil;
+  py::error_scope pending;
   try {
     py::object result = runtime().attr(name)(std::forward<Args>(args)...);
     if constexpr (!std::is_void_v<R>) {

@@ -32,11 +32,12 @@ struct Target {
   std::vector<uintptr_t> seen;
 };
 thread_local std::vector<Target> t_targets;
+thread_local uint64_t t_call = 0; // which kernel call of this thread the targets belong to
 
-// Buffers handed out and not released yet, with the thread that asked: a library that kept one
-// after its call returned would later write into memory another tensor owns, so the fallback checks.
+// Buffers handed out and not released yet, with the thread and call that asked: a library that kept
+// one after its call returned would later write into memory another tensor owns, so the fallback checks.
 std::mutex g_mutex;
-std::unordered_map<void*, std::thread::id> g_served;
+std::unordered_map<void*, std::pair<std::thread::id, uint64_t>> g_served;
 c10::DeleterFnPtr g_cpu_raw_deleter = nullptr;
 
 bool release_served(void* ptr) {
@@ -73,7 +74,7 @@ struct CPUOutputAllocator final : public c10::Allocator {
       void* buffer = std::exchange(next->buffer, nullptr);
       {
         std::lock_guard<std::mutex> lock(g_mutex);
-        g_served.emplace(buffer, std::this_thread::get_id());
+        g_served.emplace(buffer, std::make_pair(std::this_thread::get_id(), t_call));
       }
       out = c10::DataPtr(buffer, buffer, &release, c10::Device(c10::kCPU));
     } else {
@@ -103,6 +104,7 @@ std::vector<std::vector<uintptr_t>> set_cpu_output_targets(const std::vector<at:
   std::vector<std::vector<uintptr_t>> seen;
   for (auto& target : t_targets) seen.push_back(std::move(target.seen));
   t_targets.clear();
+  if (!tensors.empty()) ++t_call;
   for (size_t i = 0; i < tensors.size(); ++i) {
     const auto& t = tensors[i];
     bool dense = t.defined() && t.numel() > 0 && t.is_non_overlapping_and_dense();
@@ -112,10 +114,11 @@ std::vector<std::vector<uintptr_t>> set_cpu_output_targets(const std::vector<at:
   return seen;
 }
 
-// How many buffers served to this thread are still held (0 once a kernel's results are gone).
+// How many buffers served to this thread's last kernel call are still held (0 once its results are
+// gone; a buffer an earlier call kept was reported then).
 size_t cpu_outputs_held() {
   std::lock_guard<std::mutex> lock(g_mutex);
-  auto me = std::this_thread::get_id();
+  auto me = std::make_pair(std::this_thread::get_id(), t_call);
   size_t held = 0;
   for (const auto& entry : g_served) held += entry.second == me;
   return held;

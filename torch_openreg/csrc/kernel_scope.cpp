@@ -1,4 +1,5 @@
-// The thread-local state kernels run in: whichever thread runs a queued kernel (a stream's
+// The thread-local state kernels run in, and the warnings they raise.
+// KernelScope:  whichever thread runs a queued kernel (a stream's
 // worker, or a host thread that synchronizes and runs the queue itself), the kernel must see
 // PyTorch as a fresh thread would, not as the host code around the synchronize left it:
 // autograd off (a kernel writing a tensor that requires grad must not record history),
@@ -6,9 +7,11 @@
 #include <ATen/PythonTorchFunctionTLS.h>
 #include <c10/core/GradMode.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
+#include <c10/util/Exception.h>
 #include <torch/csrc/utils/pybind.h>
 
 #include <memory>
+#include <vector>
 
 namespace openreg {
 namespace py = pybind11;
@@ -38,7 +41,44 @@ class KernelScope {
 };
 // LITERALINCLUDE END: KERNEL SCOPE
 
+// LITERALINCLUDE START: WARNING RECORDER
+// Collects the TORCH_WARNs raised on this thread while it is entered. The fallback needs them: a kernel
+// run at the call must warn the caller as the CPU operator would (flush hands them to the handler that
+// was current: the one of the Python binding that called the operator turns them into Python warnings
+// when that binding returns, too late for Python's warnings.catch_warnings to see them), and must know
+// that it did; a first run that is redone another way, and the meta run, must not warn at all.
+class WarningRecorder final : public c10::WarningHandler {
+ public:
+  void process(const c10::Warning& warning) override {
+    warnings_.push_back(warning);
+    ++count_;
+  }
+  void enter() {
+    previous_ = c10::WarningUtils::get_warning_handler();
+    c10::WarningUtils::set_warning_handler(this);
+  }
+  void exit() { c10::WarningUtils::set_warning_handler(previous_); }
+  void flush() {
+    for (const auto& warning : warnings_) previous_->process(warning);
+    warnings_.clear();
+  }
+  size_t count() const { return count_; } // all collected, flushed or not
+
+ private:
+  std::vector<c10::Warning> warnings_;
+  size_t count_ = 0;
+  c10::WarningHandler* previous_ = nullptr;
+};
+// LITERALINCLUDE END: WARNING RECORDER
+
 void bind_kernel_scope(py::module& m) {
+  py::class_<WarningRecorder>(m, "_WarningRecorder", "collects this thread's TORCH_WARNs (a context manager)")
+      .def(py::init<>())
+      .def("__enter__", [](WarningRecorder& self) -> WarningRecorder& { self.enter(); return self; },
+           py::return_value_policy::reference)
+      .def("__exit__", [](WarningRecorder& self, const py::args&) { self.exit(); })
+      .def("flush", &WarningRecorder::flush, "hand the warnings to the handler that was current (after exit)")
+      .def_property_readonly("count", &WarningRecorder::count);
   py::class_<KernelScope>(m, "_KernelScope", "the thread-local state queued kernels run in (a context manager)")
       .def(py::init<>())
       .def("__enter__", [](KernelScope& self) { self.enter(); })
