@@ -236,6 +236,20 @@ def get_device_capability(device: Any = None) -> tuple[int, int]:
     return props.major, props.minor
 
 
+# LITERALINCLUDE START: SUPPORTED DTYPES
+# What torch.accelerator.get_device_capability reports: the dtypes an openreg tensor holds and converts
+# to and from (its kernels are the CPU's); the quantized ones come from quantize_per_tensor. Left out:
+# quint4x2/quint2x4 (openreg cannot quantize to them) and the sub-byte bits*/intN/uintN/float4 dtypes,
+# for which the CPU has no copy kernel either.
+SUPPORTED_DTYPES = [
+    torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.uint16, torch.uint32,
+    torch.uint64, torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.complex32, torch.complex64,
+    torch.complex128, torch.float8_e5m2, torch.float8_e4m3fn, torch.float8_e5m2fnuz, torch.float8_e4m3fnuz,
+    torch.float8_e8m0fnu, torch.qint8, torch.quint8, torch.qint32,
+]
+# LITERALINCLUDE END: SUPPORTED DTYPES
+
+
 def get_amp_supported_dtype() -> list[torch.dtype]:
     """Lower-precision dtypes autocast may use on openreg."""
     return [torch.float16, torch.bfloat16]
