@@ -37,6 +37,8 @@ from .memory import (
     set_per_process_memory_fraction,
 )
 from .random import (
+    _get_rng_state_offset,  # noqa: F401  (torch.cuda has them too)
+    _set_rng_state_offset,  # noqa: F401
     default_generators,
     get_rng_state,
     get_rng_state_all,
@@ -75,8 +77,8 @@ __all__ = [
 
 _initialized = False
 _in_bad_fork = False
-_init_lock = threading.Lock()
-_queued_calls: list[tuple[Callable[[], None], list[str]]] = []
+_init_lock = threading.RLock()  # re-entrant: a queued call may queue or initialize again
+_queued_calls: list[tuple[Callable[[], None], list[str], str | None]] = []
 
 
 # LITERALINCLUDE START: LAZY INIT
@@ -89,12 +91,19 @@ def _is_in_bad_fork() -> bool:
     return _in_bad_fork or _rt.device.forked()
 
 
-def _lazy_call(fn: Callable[[], None]) -> None:
-    """Run ``fn`` now if initialized, else when initialization happens (e.g. seeding)."""
-    if is_initialized():
-        fn()
-    else:
-        _queued_calls.append((fn, traceback.format_stack()))
+def _lazy_call(fn: Callable[[], None], rng: str | None = None) -> None:
+    """Run ``fn`` now if initialized, else when initialization happens, in the order of the calls.
+
+    ``rng`` tags random-state calls (``"one"`` device or ``"all"``): a queued ``"all"`` call replaces
+    every random-state call queued before it, which it would overwrite anyway.
+    """
+    with _init_lock:
+        if not is_initialized():
+            if rng == "all":
+                _queued_calls[:] = [call for call in _queued_calls if call[2] is None]
+            _queued_calls.append((fn, traceback.format_stack(), rng))
+            return
+    fn()
 
 
 def _lazy_init() -> None:
@@ -111,7 +120,7 @@ def _lazy_init() -> None:
             )
         _rt.fault.install()
         _initialized = True
-        for fn, stack in _queued_calls:
+        for fn, stack, _ in _queued_calls:
             try:
                 fn()
             except Exception as exc:
