@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import sys
 import threading
 import traceback
 from collections.abc import Callable
@@ -18,6 +19,7 @@ import torch
 
 import openreg as _rt
 
+from . import amp  # noqa: F401  (torch.openreg.amp)
 from .memory import (
     empty_cache,
     get_per_process_memory_fraction,
@@ -60,6 +62,10 @@ from .streams import (
     set_stream,
     stream,
 )
+
+# `import torch.openreg.amp` (and .memory, .random, .streams) finds these modules instead of loading copies.
+for _name in ("amp", "memory", "random", "streams"):
+    sys.modules[f"torch.openreg.{_name}"] = sys.modules[f"{__name__}.{_name}"]
 
 __all__ = [
     "ExternalStream", "StreamContext", "device_of", "is_bf16_supported",
