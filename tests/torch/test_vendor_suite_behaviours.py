@@ -8,6 +8,7 @@ involved.
 from __future__ import annotations
 
 import io
+import multiprocessing
 import os
 import types
 import unittest.mock
@@ -101,3 +102,28 @@ def test_legacy_numpy_dtype_values_round_trip():
         array = np.arange(6).reshape(2, 3).astype(dtype)
         t = torch.from_numpy(array).to("openreg")
         assert np.array_equal(t.cpu().numpy(), array)
+
+
+def _producer(queue, received) -> None:
+    t = torch.arange(1.0, 5.0, device="openreg")
+    queue.put(t)
+    received.wait(60)
+    del t  # while the consumer still holds it, then exit
+
+
+def test_a_producer_may_exit_while_a_consumer_holds_its_tensor():
+    ctx = multiprocessing.get_context("spawn")
+    queue, received = ctx.Queue(), ctx.Event()
+    proc = ctx.Process(target=_producer, args=(queue, received))
+    proc.start()
+    try:
+        t = queue.get(timeout=120)
+        received.set()
+        proc.join(60)
+        assert proc.exitcode == 0
+        assert_close(t.cpu(), torch.arange(1.0, 5.0))  # the mapping outlives the producer
+        del t
+    finally:
+        proc.join(60)
+        if proc.is_alive():
+            proc.kill()
