@@ -1,4 +1,4 @@
-"""Seeding before the device is initialized: each case runs in a fresh interpreter.
+"""Seeding before the device is initialized: each case runs in a process of its own.
 
 In a new process ``torch.openreg`` is not initialized until the first openreg tensor (or a call that
 reads device state). Seeds and states set before that are queued and applied at initialization, in
@@ -8,6 +8,7 @@ compares the numbers with the CPU's for the same seed (openreg generators keep a
 
 from __future__ import annotations
 
+import json
 import textwrap
 
 import pytest
@@ -104,14 +105,54 @@ CASES = {
 # LITERALINCLUDE END: TEST RNG BEFORE INIT
 
 
+def _script(body: str) -> str:
+    return PRELUDE + textwrap.dedent(body) + "\nprint('ok')\n"
+
+
+# One interpreter imports torch (which loads openreg without initializing it), then forks a child per
+# case: each child starts from that pristine state, as a new process would, without paying the import.
+FORK_EACH = """
+import json, os, traceback
+import torch
+assert not torch.openreg.is_initialized()
+cases = json.loads(CASES_JSON)
+results = {}
+for name, code in cases.items():
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read)
+        try:
+            exec(compile(code, name, "exec"), {"__name__": "__case__"})
+            report = "ok"
+        except BaseException:
+            report = traceback.format_exc()
+        os.write(write, report.encode())
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as pipe:
+        report = pipe.read().decode()
+    os.waitpid(pid, 0)
+    results[name] = report or "the case's process died"
+print(json.dumps(results))
+"""
+
+
+@pytest.fixture(scope="module")
+def outcomes(run_python) -> dict[str, str]:
+    cases = json.dumps({name: PRELUDE + textwrap.dedent(body) for name, body in CASES.items()})
+    result = run_python(FORK_EACH.replace("CASES_JSON", repr(cases)), timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
 @pytest.mark.parametrize("name", sorted(CASES))
-def test_before_initialization(name, run_python):
-    result = run_python(PRELUDE + textwrap.dedent(CASES[name]) + "\nprint('ok')\n", timeout=120)
-    assert result.returncode == 0 and result.stdout.strip().endswith("ok"), result.stderr[-3000:]
+def test_before_initialization(name, outcomes):
+    assert outcomes[name] == "ok", outcomes[name]
 
 
 def test_bad_state_is_refused_at_the_call(run_python):
-    code = PRELUDE + textwrap.dedent("""
+    code = _script("""
         import pytest
         with pytest.raises(TypeError, match="CPU torch.ByteTensor"):
             torch.openreg.set_rng_state(torch.zeros(4))
@@ -120,7 +161,6 @@ def test_bad_state_is_refused_at_the_call(run_python):
         assert not torch.openreg.is_initialized()
         with pytest.raises(RuntimeError, match="openreg generators have no offset"):
             torch.openreg._get_rng_state_offset()
-        print('ok')
     """)
     result = run_python(code, timeout=120)
     assert result.returncode == 0 and result.stdout.strip().endswith("ok"), result.stderr[-3000:]
