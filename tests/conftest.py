@@ -19,7 +19,7 @@ def _no_core_dumps() -> None:
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def run_python():
     """Run ``code`` in a fresh interpreter, in the repository, with ``env`` over a clean environment.
 

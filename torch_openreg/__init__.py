@@ -28,7 +28,9 @@ from . import device as _device_module  # noqa: E402
 torch._register_device_module("openreg", _device_module)
 torch.utils.generate_methods_for_privateuse1_backend(for_tensor=True, for_module=True, for_storage=True)
 
-from . import amp, aten  # noqa: E402,F401  (autocast policy; operator registrations)
+# autocast policy; operator registrations; what PyTorch 2.13 leaves PrivateUse1 out of (Module.to, fake metadata);
+# torch.backends.openreg
+from . import amp, aten, backends, compat  # noqa: E402,F401
 from . import multiprocessing as _multiprocessing  # noqa: E402
 
 _multiprocessing.install()

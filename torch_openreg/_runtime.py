@@ -50,6 +50,14 @@ def is_pinned(ptr: int) -> bool:
     return openreg.pointer_attributes(ptr).type == "host"
 
 
+def supported_dtypes(device: int) -> list:
+    """The dtypes of ``torch.accelerator.get_device_capability`` (torch_openreg.device decides them)."""
+    openreg.get_device_properties(_dev(device))  # an unknown device raises INVALID_DEVICE
+    from .device import SUPPORTED_DTYPES
+
+    return SUPPORTED_DTYPES
+
+
 def has_primary_context(device: int) -> bool:
     """True once the device has memory or streams in use (its context exists)."""
     openreg.get_device_properties(device)

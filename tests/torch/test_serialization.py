@@ -1,4 +1,4 @@
-"""torch.save / torch.load of openreg tensors, modules, optimizer state; map_location; backend metadata."""
+"""torch.save / torch.load of openreg tensors, modules, optimizer state, map_location (metadata: test_backend_meta)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,6 @@ import zipfile
 import pytest
 import torch
 from torch.testing import assert_close
-
-from torch_openreg import _C
 
 
 def _roundtrip(obj, **load_kwargs):
@@ -109,28 +107,6 @@ def test_optimizer_state_roundtrip_resumes_identically():
     step(model, opt)
     step(model2, opt2)
     assert_close(model2.weight.cpu(), model.weight.cpu())
-
-
-def test_backend_meta_survives_save_load_and_copies():
-    x = torch.randn(4, device="openreg")
-    assert _C._get_backend_meta(x) is None
-    _C._set_backend_meta(x, 7)
-    assert _C._get_backend_meta(x) == 7
-    assert _C._get_backend_meta(x.detach()) == 7  # TensorImpl metadata copies clone the BackendMeta
-    meta = torch._utils.get_tensor_metadata(x)
-    assert meta == {"openreg_format=7": True}
-    for kwargs in ({}, {"weights_only": True}, {"map_location": "openreg:0"}):
-        y = _roundtrip(x, **kwargs)
-        assert _C._get_backend_meta(y) == 7, kwargs
-        assert_close(y.cpu(), x.cpu())
-    assert _roundtrip(x, map_location="cpu").device.type == "cpu"  # no openreg metadata on the CPU
-    z = torch.empty(4, device="openreg")
-    _C._copy_backend_meta(x, z)
-    assert _C._get_backend_meta(z) == 7
-    _C._set_backend_meta(x, 9)
-    assert _C._get_backend_meta(z) == 7  # a clone, not shared
-    with pytest.raises(RuntimeError, match="needs an openreg tensor"):
-        _C._set_backend_meta(torch.ones(1), 1)
 
 
 def test_pickle_of_openreg_tensor():

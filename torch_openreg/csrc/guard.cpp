@@ -2,6 +2,9 @@
 // PyTorch's device-generic code (autograd engine, torch.Stream, torch.Event,
 // torch.accelerator) sees them. Every method forwards to the runtime.
 #include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include <vector>
 
 #include "bridge.h"
 
@@ -46,6 +49,20 @@ struct GuardImpl final : public c10::impl::DeviceGuardImplInterface {
     }
   }
 
+  // torch.accelerator.get_device_capability: the dtypes openreg tensors hold and convert between
+  // (the list is the Python side's, torch_openreg._runtime.supported_dtypes).
+  c10::DeviceCapability getDeviceCapability(c10::Device d) const override {
+    c10::DeviceCapability cap;
+    cap.capability_data.capability_bits = 0;
+    for (auto type : call<std::vector<c10::ScalarType>>("supported_dtypes", resolve(d))) {
+#define OPENREG_SET_BIT(_, name) \
+  if (type == c10::ScalarType::name) cap.capability_data.capability_bits |= 1ULL << c10::kIndex_##name;
+      AT_FORALL_SCALAR_TYPES_WITH_COMPLEX_AND_QINTS(OPENREG_SET_BIT)
+#undef OPENREG_SET_BIT
+    }
+    return cap;
+  }
+
   // Streams name a concrete device: -1 ("current") is resolved here.
   c10::DeviceIndex resolve(c10::Device d) const { return d.index() == -1 ? getDevice().index() : d.index(); }
   c10::Stream getStream(c10::Device d) const override {
@@ -70,6 +87,11 @@ struct GuardImpl final : public c10::impl::DeviceGuardImplInterface {
     call("synchronize_stream", s.device_index(), s.id());
   }
   void synchronizeDevice(c10::DeviceIndex index) const override { call("synchronize_device", index); }
+  // torch.Stream.native_handle: the runtime's handle of the stream, its id (0 for the default stream,
+  // as CUDA's legacy default stream is 0); openreg.get_stream(device, handle) finds it.
+  void* getStreamNativeHandle(const c10::Stream s) const override {
+    return reinterpret_cast<void*>(static_cast<intptr_t>(s.id()));
+  }
 
   void record(void** event, const c10::Stream& s, c10::DeviceIndex index, c10::EventFlag flag) const override {
     TORCH_CHECK(index == -1 || index == s.device_index(), "event on openreg:", index,

@@ -11,8 +11,6 @@ namespace openreg {
 
 void register_hooks();
 void register_serialization();
-void set_backend_meta(const at::Tensor& t, int64_t format);
-std::optional<int64_t> get_backend_meta(const at::Tensor& t);
 void copy_backend_meta(const at::Tensor& src, const at::Tensor& dst);
 py::object describe_call(const py::tuple& args, const py::dict& kwargs, bool numbers_by_type);
 py::tuple empty_like_meta(const at::Tensor& meta, c10::DeviceIndex index);
@@ -116,8 +114,7 @@ PYBIND11_MODULE(_C, m) {
         "skips[i] through ([] stops it); returns the previous targets' allocations of their sizes");
   m.def("_cpu_outputs_held", &openreg::cpu_outputs_held, "buffers served to this thread's CPU kernels still held");
   openreg::bind_kernel_scope(m);
-  m.def("_set_backend_meta", &openreg::set_backend_meta, "attach openreg backend metadata (a format number)");
-  m.def("_get_backend_meta", &openreg::get_backend_meta, "the openreg backend metadata of a tensor, or None");
-  m.def("_copy_backend_meta", &openreg::copy_backend_meta, "clone src's backend metadata onto dst");
+  m.def("_copy_backend_meta", &openreg::copy_backend_meta,
+        "clone an openreg tensor's backend metadata onto dst (torch._C._copy_backend_meta of newer PyTorch)");
 }
 // LITERALINCLUDE END: PYBIND MODULE

@@ -4,7 +4,7 @@
 #include <ATen/core/Tensor.h>
 #include <torch/csrc/jit/serialization/pickler_helper.h>
 
-#include <optional>
+#include <map>
 #include <string>
 #include <unordered_map>
 
@@ -14,29 +14,35 @@ namespace openreg {
 namespace {
 
 // LITERALINCLUDE START: BACKEND META
-// What a vendor would keep per tensor (e.g. an internal memory format): a small number.
+// What a vendor keeps per tensor beyond sizes, strides and dtype (a storage format, a layout
+// version, ...), held in the form PyTorch serializes tensor metadata: named flags. A number
+// travels in a flag's name ("openreg_format=29": true), as vendors do, since the values are bools.
 struct BackendMeta final : public c10::BackendMeta {
-  explicit BackendMeta(int64_t format) : format(format) {}
+  explicit BackendMeta(std::map<std::string, bool> entries) : entries(std::move(entries)) {}
   c10::intrusive_ptr<c10::BackendMeta> clone(const c10::intrusive_ptr<c10::BackendMeta>&) const override {
-    return c10::make_intrusive<BackendMeta>(format);
+    return c10::make_intrusive<BackendMeta>(entries);
   }
-  int64_t format;
+  std::map<std::string, bool> entries;
 };
 
-// The serialized metadata is a map from string to bool, so the number travels in the key.
-constexpr const char* kFormatKey = "openreg_format=";
-
-void for_serialization(const at::Tensor& t, std::unordered_map<std::string, bool>& metadata) {
-  auto* meta = dynamic_cast<BackendMeta*>(t.unsafeGetTensorImpl()->get_backend_meta());
-  if (meta != nullptr) metadata[kFormatKey + std::to_string(meta->format)] = true;
+BackendMeta* backend_meta(const at::Tensor& t) {
+  return dynamic_cast<BackendMeta*>(t.unsafeGetTensorImpl()->get_backend_meta());
 }
 
+// torch._utils.get_tensor_metadata, torch.save: add the tensor's flags to the map (which already
+// holds PyTorch's own "conj"/"neg").
+void for_serialization(const at::Tensor& t, std::unordered_map<std::string, bool>& metadata) {
+  if (auto* meta = backend_meta(t)) {
+    metadata.insert(meta->entries.begin(), meta->entries.end());
+  }
+}
+
+// torch._utils.set_tensor_metadata, torch.load: PyTorch has taken "conj"/"neg" out; the rest is
+// the backend's. A map without backend entries leaves the tensor's metadata as it is.
 void for_deserialization(const at::Tensor& t, std::unordered_map<std::string, bool>& metadata) {
-  for (const auto& [key, value] : metadata) {
-    if (value && key.rfind(kFormatKey, 0) == 0) {
-      auto format = std::stoll(key.substr(std::string(kFormatKey).size()));
-      t.unsafeGetTensorImpl()->set_backend_meta(c10::make_intrusive<BackendMeta>(format));
-    }
+  if (!metadata.empty()) {
+    t.unsafeGetTensorImpl()->set_backend_meta(
+        c10::make_intrusive<BackendMeta>(std::map<std::string, bool>(metadata.begin(), metadata.end())));
   }
 }
 // LITERALINCLUDE END: BACKEND META
@@ -54,20 +60,10 @@ void register_serialization() {
   // LITERALINCLUDE END: BACKEND META REGISTRY
 }
 
-void set_backend_meta(const at::Tensor& t, int64_t format) {
-  check_openreg(t);
-  t.unsafeGetTensorImpl()->set_backend_meta(c10::make_intrusive<BackendMeta>(format));
-}
-
-std::optional<int64_t> get_backend_meta(const at::Tensor& t) {
-  check_openreg(t);
-  auto* meta = dynamic_cast<BackendMeta*>(t.unsafeGetTensorImpl()->get_backend_meta());
-  return meta == nullptr ? std::nullopt : std::optional<int64_t>(meta->format);
-}
-
+// The backend metadata of src (or none) cloned onto dst, which may be a fake tensor standing for an
+// openreg tensor (its TensorImpl is a meta one): what torch._C._copy_backend_meta does in newer PyTorch.
 void copy_backend_meta(const at::Tensor& src, const at::Tensor& dst) {
   check_openreg(src);
-  check_openreg(dst);
   auto meta = src.unsafeGetTensorImpl()->get_backend_meta_intrusive_ptr();
   dst.unsafeGetTensorImpl()->set_backend_meta(meta ? meta->clone(meta) : nullptr);
 }

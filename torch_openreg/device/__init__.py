@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import sys
 import threading
 import traceback
 from collections.abc import Callable
@@ -18,6 +19,7 @@ import torch
 
 import openreg as _rt
 
+from . import amp  # noqa: F401  (torch.openreg.amp)
 from .memory import (
     empty_cache,
     get_per_process_memory_fraction,
@@ -37,6 +39,8 @@ from .memory import (
     set_per_process_memory_fraction,
 )
 from .random import (
+    _get_rng_state_offset,  # noqa: F401  (torch.cuda has them too)
+    _set_rng_state_offset,  # noqa: F401
     default_generators,
     get_rng_state,
     get_rng_state_all,
@@ -59,6 +63,10 @@ from .streams import (
     stream,
 )
 
+# `import torch.openreg.amp` (and .memory, .random, .streams) finds these modules instead of loading copies.
+for _name in ("amp", "memory", "random", "streams"):
+    sys.modules[f"torch.openreg.{_name}"] = sys.modules[f"{__name__}.{_name}"]
+
 __all__ = [
     "ExternalStream", "StreamContext", "device_of", "is_bf16_supported",
     "Event", "Stream", "current_device", "current_stream", "default_generators", "default_stream", "device",
@@ -75,8 +83,8 @@ __all__ = [
 
 _initialized = False
 _in_bad_fork = False
-_init_lock = threading.Lock()
-_queued_calls: list[tuple[Callable[[], None], list[str]]] = []
+_init_lock = threading.RLock()  # re-entrant: a queued call may queue or initialize again
+_queued_calls: list[tuple[Callable[[], None], list[str], str | None]] = []
 
 
 # LITERALINCLUDE START: LAZY INIT
@@ -89,12 +97,19 @@ def _is_in_bad_fork() -> bool:
     return _in_bad_fork or _rt.device.forked()
 
 
-def _lazy_call(fn: Callable[[], None]) -> None:
-    """Run ``fn`` now if initialized, else when initialization happens (e.g. seeding)."""
-    if is_initialized():
-        fn()
-    else:
-        _queued_calls.append((fn, traceback.format_stack()))
+def _lazy_call(fn: Callable[[], None], rng: str | None = None) -> None:
+    """Run ``fn`` now if initialized, else when initialization happens, in the order of the calls.
+
+    ``rng`` tags random-state calls (``"one"`` device or ``"all"``): a queued ``"all"`` call replaces
+    every random-state call queued before it, which it would overwrite anyway.
+    """
+    with _init_lock:
+        if not is_initialized():
+            if rng == "all":
+                _queued_calls[:] = [call for call in _queued_calls if call[2] is None]
+            _queued_calls.append((fn, traceback.format_stack(), rng))
+            return
+    fn()
 
 
 def _lazy_init() -> None:
@@ -111,7 +126,7 @@ def _lazy_init() -> None:
             )
         _rt.fault.install()
         _initialized = True
-        for fn, stack in _queued_calls:
+        for fn, stack, _ in _queued_calls:
             try:
                 fn()
             except Exception as exc:
@@ -234,6 +249,20 @@ def get_device_capability(device: Any = None) -> tuple[int, int]:
     """``(major, minor)`` of a device."""
     props = get_device_properties(device)
     return props.major, props.minor
+
+
+# LITERALINCLUDE START: SUPPORTED DTYPES
+# What torch.accelerator.get_device_capability reports: the dtypes an openreg tensor holds and converts
+# to and from (its kernels are the CPU's); the quantized ones come from quantize_per_tensor. Left out:
+# quint4x2/quint2x4 (openreg cannot quantize to them) and the sub-byte bits*/intN/uintN/float4 dtypes,
+# for which the CPU has no copy kernel either.
+SUPPORTED_DTYPES = [
+    torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.uint16, torch.uint32,
+    torch.uint64, torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.complex32, torch.complex64,
+    torch.complex128, torch.float8_e5m2, torch.float8_e4m3fn, torch.float8_e5m2fnuz, torch.float8_e4m3fnuz,
+    torch.float8_e8m0fnu, torch.qint8, torch.quint8, torch.qint32,
+]
+# LITERALINCLUDE END: SUPPORTED DTYPES
 
 
 def get_amp_supported_dtype() -> list[torch.dtype]:

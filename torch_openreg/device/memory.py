@@ -8,11 +8,14 @@ numbers through the bridge's ``c10::DeviceAllocator``.
 from __future__ import annotations
 
 import collections
+import pickle
+import sys
 from typing import Any
 
 import torch
 
 from torch_openreg.memory import allocator, format_size, host_allocator
+from torch_openreg.memory.history import History
 
 
 def _device(device: Any) -> int:
@@ -95,6 +98,81 @@ def memory_snapshot() -> list[dict]:
     import openreg
 
     return [seg for i in range(openreg.device_count()) for seg in allocator(i).snapshot()]
+
+
+# LITERALINCLUDE START: MEMORY HISTORY API
+def _record_memory_history(enabled: str | bool | None = "all", context: str | None = "all", stacks: str = "all",
+                           max_entries: int = sys.maxsize, device: Any = None, clear_history: bool = False,
+                           skip_actions: list[str] | None = None, **legacy: Any) -> None:
+    """Record allocator actions and allocation stacks, as ``torch.cuda.memory._record_memory_history``.
+
+    ``enabled``: ``None`` stops (and drops what was recorded), ``"state"`` keeps stacks of live
+    allocations, ``"all"`` also keeps a trace of up to ``max_entries`` actions. ``context``: which
+    stacks (``None``, ``"state"``, ``"alloc"``, ``"all"``). ``stacks``: ``"python"`` leaves out the
+    backend's own frames, ``"all"`` keeps them. Every device records, as in CUDA (``device`` is
+    accepted for CUDA's signature). The boolean form of older PyTorch (``enabled=True``,
+    ``trace_alloc_max_entries=...``) is accepted too.
+    """
+    if isinstance(enabled, bool):  # older PyTorch's signature
+        entries = legacy.pop("trace_alloc_max_entries", 1)
+        trace_context = legacy.pop("trace_alloc_record_context", False)
+        context = ("alloc" if trace_context else "state") if legacy.pop("record_context", True) else None
+        stacks = "all" if legacy.pop("record_context_cpp", False) else "python"
+        enabled, max_entries = ("all" if entries > 1 else "state") if enabled else None, max(entries, 1)
+    legacy.pop("compile_context", None)  # no compiled regions to annotate yet
+    legacy.pop("global_record_annotations", None)
+    if legacy:
+        raise TypeError(f"_record_memory_history() got unexpected arguments {sorted(legacy)}")
+    import openreg
+
+    for index in range(openreg.device_count()):
+        alloc = allocator(index)
+        with alloc.lock:
+            old = alloc.history
+            if enabled is None:
+                alloc.history = None
+                alloc.segment_frames.clear()
+                for block in alloc.active.values():
+                    block.frames = None
+                continue
+            new = History(enabled, context, stacks, max_entries, set(skip_actions or ()))
+            if old is not None and old.trace is not None and new.trace is not None and not clear_history:
+                new.trace.extend(old.trace)
+            alloc.history = new
+
+
+def _snapshot(device: Any = None, augment_with_fx_traces: bool = False) -> dict[str, Any]:
+    """Segments (with the stacks of their blocks) and each device's trace: ``torch.cuda.memory._snapshot``.
+
+    The dictionary has CUDA's shape: ``torch.cuda._memory_viz`` and pytorch.org/memory_viz read it.
+    """
+    import openreg
+
+    traces = []
+    for index in range(openreg.device_count()):
+        history = allocator(index).history
+        if history is not None:
+            history.record("snapshot", 0, 0, 0)
+        traces.append(list(history.trace) if history is not None and history.trace is not None else [])
+    return {"segments": memory_snapshot(), "device_traces": traces}
+
+
+def _dump_snapshot(filename: str = "dump_snapshot.pickle", augment_with_fx_traces: bool = False) -> None:
+    """Pickle :func:`_snapshot` to ``filename`` (for pytorch.org/memory_viz or ``torch.cuda._memory_viz``)."""
+    with open(filename, "wb") as f:
+        pickle.dump(_snapshot(), f)
+
+
+def _allocation_traceback(data_ptr: int) -> list[dict[str, Any]] | None:
+    """The stack that allocated the live block at ``data_ptr`` (a storage's base), or ``None``."""
+    import openreg
+
+    for index in range(openreg.device_count()):
+        block = allocator(index).active.get(data_ptr)
+        if block is not None:
+            return block.frames
+    return None
+# LITERALINCLUDE END: MEMORY HISTORY API
 
 
 def host_memory_stats() -> dict[str, Any]:

@@ -29,6 +29,7 @@ from bisect import bisect_left, insort
 import openreg
 from openreg import ErrorCode, OpenRegError
 
+from .history import History
 from .stats import LARGE, SMALL, Stats
 
 KB, MB = 1 << 10, 1 << 20
@@ -50,7 +51,7 @@ def format_size(n: int) -> str:
 class Block:
     """A piece of a segment: allocated, free in a pool, or waiting for other streams."""
 
-    __slots__ = ("ptr", "size", "requested", "stream", "pool", "prev", "next", "allocated", "streams")
+    __slots__ = ("ptr", "size", "requested", "stream", "pool", "prev", "next", "allocated", "streams", "frames")
 
     def __init__(self, ptr: int, size: int, stream: openreg.Stream | None, pool: int) -> None:
         self.ptr, self.size, self.stream, self.pool = ptr, size, stream, pool
@@ -59,6 +60,7 @@ class Block:
         self.next: Block | None = None
         self.allocated = False
         self.streams: set[openreg.Stream] | None = None  # other streams using it (record_stream)
+        self.frames: list[dict] | None = None  # the allocating stack, while memory history is recorded
 
 
 # A free list is sorted by (size, address), as ``size << KEY_SHIFT | ptr``: an int is built and
@@ -89,6 +91,8 @@ class DeviceCachingAllocator:
         self.pending: list[tuple[list[openreg.Event], Block]] = []
         self.fraction: float | None = None
         self._spare: list[Block] = []
+        self.history: History | None = None  # memory history recording (torch.openreg.memory._record_memory_history)
+        self.segment_frames: dict[int, list[dict]] = {}  # segment base -> the stack that created it, while recording
 
     # LITERALINCLUDE START: CACHING MALLOC
     def malloc(self, size: int, stream: openreg.Stream) -> int:
@@ -133,6 +137,8 @@ class DeviceCachingAllocator:
             self.active[ptr] = block
             _owners[ptr] = self
             self.stats.on_malloc(pool, block.size, size, taken, rest)
+            if self.history is not None:
+                self._record_alloc(block)
             return ptr
         finally:
             lock.release()
@@ -145,6 +151,8 @@ class DeviceCachingAllocator:
             block = self.active.pop(ptr)
             del _owners[ptr]
             block.allocated = False
+            if self.history is not None:
+                self._record_free("free_requested", block)
             if block.streams:
                 self.stats.on_free(block.pool, block.size, block.requested)
                 events = []
@@ -155,10 +163,35 @@ class DeviceCachingAllocator:
                 block.streams = None
                 self.pending.append((events, block))
             else:
+                if self.history is not None:  # before _release, which may merge the block into a neighbour
+                    self._record_free("free_completed", block)
                 self._release(block, block.requested)
         finally:
             lock.release()
     # LITERALINCLUDE END: CACHING MALLOC
+
+    # LITERALINCLUDE START: RECORD HISTORY
+    def _record_alloc(self, block: Block) -> None:
+        history = self.history
+        frames = history.frames() if history.state_frames or history.alloc_frames else None
+        block.frames = frames if history.state_frames else None
+        history.record("alloc", block.ptr, block.size, block.stream.id, frames if history.alloc_frames else None)
+
+    def _record_free(self, action: str, block: Block) -> None:
+        history = self.history
+        frames = history.frames() if history.free_frames and action == "free_requested" else None
+        block.frames = None
+        history.record(action, block.ptr, block.size, block.stream.id, frames)
+
+    def _record_segment(self, action: str, head: Block, size: int) -> None:
+        history = self.history
+        frames = history.frames() if history.alloc_frames and action == "segment_alloc" else None
+        if action == "segment_alloc" and history.state_frames:
+            self.segment_frames[head.ptr] = frames if frames is not None else history.frames()
+        else:
+            self.segment_frames.pop(head.ptr, None)
+        history.record(action, head.ptr, size, head.stream.id, frames)
+    # LITERALINCLUDE END: RECORD HISTORY
 
     def record_stream(self, ptr: int, stream: openreg.Stream) -> None:
         """Note that ``stream`` uses the block at ``ptr`` (``Tensor.record_stream``)."""
@@ -183,6 +216,8 @@ class DeviceCachingAllocator:
         self._remove_free(head)
         del self.segments[head.ptr]
         openreg.free(head.ptr)
+        if self.history is not None:
+            self._record_segment("segment_free", head, head.size)
         self.stats.counters["num_device_free"] += 1
         self.stats.update(head.pool, ("segment", -1), ("reserved_bytes", -head.size))
         if head.pool == LARGE and head.size > OVERSIZE:
@@ -248,6 +283,8 @@ class DeviceCachingAllocator:
             still = []
             for events, block in self.pending:
                 if all(e.query() for e in events):
+                    if self.history is not None:
+                        self._record_free("free_completed", block)
                     self._release(block)
                 else:
                     still.append((events, block))
@@ -276,6 +313,9 @@ class DeviceCachingAllocator:
                 if second.code != ErrorCode.OUT_OF_MEMORY:
                     raise
                 self.stats.counters["num_ooms"] += 1
+                if self.history is not None:
+                    self.history.record("oom", 0, requested, stream.id, self.history.frames(),
+                                        device_free=openreg.mem_get_info(self.device)[0])
                 raise OpenRegError(ErrorCode.OUT_OF_MEMORY, self._oom_message(requested, size)) from None
         self.stats.counters["num_device_alloc"] += 1
         self.stats.update(pool, ("segment", 1), ("reserved_bytes", size))
@@ -283,6 +323,8 @@ class DeviceCachingAllocator:
             self.stats.oversize_segments.add(1)
         head = Block(ptr, size, stream, pool)
         self.segments[ptr] = head
+        if self.history is not None:
+            self._record_segment("segment_alloc", head, size)
         return head
 
     # LITERALINCLUDE START: RELEASE UNFIT
@@ -357,7 +399,7 @@ class DeviceCachingAllocator:
                     else:
                         state = "inactive"
                     blocks.append({"address": block.ptr, "size": block.size, "requested_size": block.requested,
-                                   "state": state})
+                                   "state": state, "frames": block.frames or []})
                     block = block.next
                 segments.append({
                     "device": self.device,
@@ -368,6 +410,9 @@ class DeviceCachingAllocator:
                     "requested_size": sum(b["requested_size"] for b in blocks if b["state"] == "active_allocated"),
                     "stream": head.stream.id,
                     "segment_type": "small" if head.pool == SMALL else "large",
+                    "segment_pool_id": (0, 0),
+                    "is_expandable": False,
+                    "frames": self.segment_frames.get(base, []),
                     "blocks": blocks,
                 })
         return segments
