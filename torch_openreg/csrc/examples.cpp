@@ -7,6 +7,8 @@
 #include <ATen/SDPBackend.h>
 #include <ATen/native/UnaryOps.h>
 #include <ATen/native/transformers/attention.h>
+#include <ATen/native/transformers/sdp_utils_cpp.h>
+#include <ATen/ops/_fused_sdp_choice.h>
 #include <ATen/ops/_empty_affine_quantized_native.h>
 #include <ATen/ops/abs.h>
 #include <ATen/ops/abs_native.h>
@@ -22,6 +24,7 @@
 #include <torch/csrc/utils/pybind.h>
 #include <torch/library.h>
 
+#include <array>
 #include <functional>
 #include <string>
 #include <vector>
@@ -89,15 +92,33 @@ void abs_kernel(at::TensorIteratorBase& iter) {
 
 // LITERALINCLUDE START: SDP CHOICE
 // scaled_dot_product_attention asks this stub (not the _fused_sdp_choice
-// operator) which backend to use for a PrivateUse1 query: the "overrideable"
-// one, i.e. aten::_scaled_dot_product_fused_attention_overrideable, whose
-// kernels are Python (torch_openreg/aten/sdpa.py). Grouped-query attention
-// (enable_gqa) goes to the math backend: the overrideable operator has no
-// enable_gqa argument, while the math backend composes ordinary operators.
-int64_t fused_sdp_choice(const at::Tensor&, const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
-                         double, bool, std::optional<double>, bool enable_gqa) {
-  return static_cast<int64_t>(enable_gqa ? at::SDPBackend::math : at::SDPBackend::overrideable);
+// operator) which backend to use for a PrivateUse1 query. The stub only
+// forwards to the operator, whose openreg kernel is Python
+// (torch_openreg/aten/sdpa.py): the choice, and what sdpa_kernel() allows,
+// is decided there.
+int64_t fused_sdp_choice(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+                         const std::optional<at::Tensor>& attn_mask, double dropout_p, bool is_causal,
+                         std::optional<double> scale, bool enable_gqa) {
+  return at::_fused_sdp_choice(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa);
 }
+
+// Whether CPU eager would run an attention with its flash kernel, whatever
+// sdpa_kernel() enables: the checks of PyTorch 2.13's use_flash_attention_cpp
+// (sdp_utils_cpp.cpp, whose list is not exported), from the header that holds
+// them, without its runtime flag. Called with host views (CPU tensors): the
+// stride rule for the mask is the CPU's.
+bool cpu_flash_applies(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+                       const std::optional<at::Tensor>& attn_mask, double dropout_p, bool enable_gqa) {
+  const sdp::sdp_params p{query, key, value, attn_mask, dropout_p, false, enable_gqa};
+  constexpr std::array<at::ScalarType, 4> dtypes{at::kFloat, at::kDouble, at::kBFloat16, at::kHalf};
+  return sdp::check_nested_tensor(p, false) && sdp::check_for_dropout(p, false) && sdp::check_tensor_shapes(p, false) &&
+         sdp::check_batch_size_and_num_heads_dense<true /*supports_gqa*/>(p, false) &&
+         sdp::check_attn_mask_shape(p, false) && query.size(-1) == key.size(-1) && query.size(-1) == value.size(-1) &&
+         sdp::check_nonzero_sequence_lengths_dense(p, false) &&
+         sdp::check_last_dim_stride_equals_1_dense<false /*ignore_singleton_dim*/>(p, false) &&
+         sdp::check_tensor_dtype(p, dtypes, false);
+}
+// LITERALINCLUDE END: SDP CHOICE
 // LITERALINCLUDE END: SDP CHOICE
 
 } // namespace
@@ -135,6 +156,14 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_empty_affine_quantized", empty_affine_quantized);
 }
 // LITERALINCLUDE END: REGISTER STUB
+
+// LITERALINCLUDE START: REGISTER CPU FLASH CHECK
+TORCH_LIBRARY_FRAGMENT(openreg, m) {
+  m.def("_cpu_flash_applies(Tensor query, Tensor key, Tensor value, Tensor? attn_mask, float dropout_p, "
+        "bool enable_gqa) -> bool",
+        &cpu_flash_applies);
+}
+// LITERALINCLUDE END: REGISTER CPU FLASH CHECK
 
 // LITERALINCLUDE START: REGISTER QUANTIZED
 TORCH_LIBRARY_IMPL(aten, QuantizedPrivateUse1, m) {
