@@ -15,6 +15,7 @@ from . import (  # noqa: F401  (custom_ops registers on import)
     examples,
     fallback,
     quantized,
+    quantized_dynamic,
     random,
     rnn,
     sdpa,
@@ -60,10 +61,26 @@ _aten.impl("addcmul", examples.boxed(torch.ops.aten.addcmul.default), "PrivateUs
 # LITERALINCLUDE START: REGISTER QUANTIZED PYTHON
 _aten.impl("quantize_per_tensor", quantized.quantize_per_tensor, "PrivateUse1")
 _aten.impl("quantize_per_tensor.tensor_qparams", quantized.quantize_per_tensor_tensor_qparams, "PrivateUse1")
+_aten.impl("quantize_per_channel", quantized.quantize_per_channel, "PrivateUse1")
+_aten.impl("_make_per_tensor_quantized_tensor", quantized.make_per_tensor_quantized_tensor, "PrivateUse1")
+_aten.impl("_make_per_channel_quantized_tensor", quantized.make_per_channel_quantized_tensor, "PrivateUse1")
 _aten.impl("dequantize.self", quantized.dequantize, "QuantizedPrivateUse1")
+_aten.impl("dequantize.tensors", quantized.dequantize_tensors, "QuantizedPrivateUse1")
 _aten.impl("clone", quantized.clone, "QuantizedPrivateUse1")
 _aten.impl("int_repr", quantized.int_repr, "QuantizedPrivateUse1")
 _aten.impl("_to_copy", quantized.to_copy, "QuantizedPrivateUse1")
+
+_quantized = torch.library.Library("quantized", "IMPL")
+_quantized.impl("linear_prepack", quantized_dynamic.linear_prepack, "QuantizedPrivateUse1")
+_quantized.impl("linear_prepack_fp16", quantized_dynamic.linear_prepack_fp16, "PrivateUse1")
+_quantized.impl("make_quantized_cell_params_dynamic", quantized_dynamic.make_cell_params_dynamic, "PrivateUse1")
+for _name, _kernel in quantized_dynamic.DYNAMIC_LINEAR.items():
+    _quantized.impl(_name, _kernel, "PrivateUse1")
+for _packet in ("quantized_lstm", "quantized_gru"):
+    for _overload in ("input", "data"):
+        _op = getattr(getattr(torch.ops.aten, _packet), _overload)
+        _aten.impl(f"{_packet}.{_overload}", quantized_dynamic.recurrent(_op, f"aten::{_packet}.{_overload}"),
+                   "PrivateUse1")
 # LITERALINCLUDE END: REGISTER QUANTIZED PYTHON
 
 # LITERALINCLUDE START: REGISTER SDPA AND RNN

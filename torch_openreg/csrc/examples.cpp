@@ -10,6 +10,11 @@
 #include <ATen/native/transformers/sdp_utils_cpp.h>
 #include <ATen/ops/_fused_sdp_choice.h>
 #include <ATen/ops/_empty_affine_quantized_native.h>
+#include <ATen/ops/_empty_per_channel_affine_quantized_native.h>
+#include <ATen/ops/empty_like_native.h>
+#include <ATen/ops/q_per_channel_axis_native.h>
+#include <ATen/ops/q_per_channel_scales_native.h>
+#include <ATen/ops/q_per_channel_zero_points_native.h>
 #include <ATen/ops/abs.h>
 #include <ATen/ops/abs_native.h>
 #include <ATen/ops/empty.h>
@@ -134,6 +139,19 @@ at::Tensor empty_affine_quantized(c10::IntArrayRef size, std::optional<c10::Scal
   return at::native::empty_affine_quantized(size, dtype, layout, device, pin_memory, scale, zero_point,
                                             memory_format);
 }
+
+// Per-channel: the quantizer holds the scales and zero points as tensors; they go to the tensor's
+// device (as they are on CUDA), so q_per_channel_scales() answers with an openreg tensor.
+at::Tensor empty_per_channel_affine_quantized(c10::IntArrayRef size, const at::Tensor& scales,
+                                              const at::Tensor& zero_points, int64_t axis,
+                                              std::optional<c10::ScalarType> dtype, std::optional<c10::Layout> layout,
+                                              std::optional<c10::Device> device, std::optional<bool> pin_memory,
+                                              std::optional<c10::MemoryFormat> memory_format) {
+  c10::OptionalDeviceGuard guard(device);
+  const c10::Device target = device.value_or(scales.device());
+  return at::native::empty_per_channel_affine_quantized(size, scales.to(target), zero_points.to(target), axis, dtype,
+                                                        layout, device, pin_memory, memory_format);
+}
 // LITERALINCLUDE END: QUANTIZED FACTORY
 
 } // namespace openreg
@@ -154,6 +172,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   // Quantized tensors: the factory builds a QTensorImpl over device memory with
   // the QuantizedPrivateUse1 key (ATen picks the PrivateUse1 allocator).
   m.impl("_empty_affine_quantized", empty_affine_quantized);
+  m.impl("_empty_per_channel_affine_quantized", empty_per_channel_affine_quantized);
 }
 // LITERALINCLUDE END: REGISTER STUB
 
@@ -168,9 +187,14 @@ TORCH_LIBRARY_FRAGMENT(openreg, m) {
 // LITERALINCLUDE START: REGISTER QUANTIZED
 TORCH_LIBRARY_IMPL(aten, QuantizedPrivateUse1, m) {
   m.impl("_empty_affine_quantized", empty_affine_quantized);
+  m.impl("_empty_per_channel_affine_quantized", empty_per_channel_affine_quantized);
+  m.impl("empty_like", at::native::empty_like_quantized);
   m.impl("q_scale", at::native::q_scale_quant);
   m.impl("q_zero_point", at::native::q_zero_point_quant);
   m.impl("qscheme", at::native::qscheme_quant);
+  m.impl("q_per_channel_scales", at::native::q_per_channel_scales);
+  m.impl("q_per_channel_zero_points", at::native::q_per_channel_zero_points);
+  m.impl("q_per_channel_axis", at::native::q_per_channel_axis);
   m.impl("as_strided", at::native::as_strided_qtensorimpl);
   m.impl("view", at::native::view);
 }
