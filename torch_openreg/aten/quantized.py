@@ -18,6 +18,7 @@ import torch
 from .launch import host_view, host_views, launch
 
 _INT = {torch.qint8: torch.int8, torch.quint8: torch.uint8, torch.qint32: torch.int32}
+_QINT = {v: k for k, v in _INT.items()}
 _PER_CHANNEL = (torch.per_channel_affine, torch.per_channel_affine_float_qparams)
 
 
@@ -161,11 +162,15 @@ def to_copy(q: torch.Tensor, *, dtype=None, layout=None, device=None, pin_memory
     return out
 
 
+def _qint_of(name: str, ints: torch.Tensor) -> torch.dtype:
+    if ints.dtype not in _QINT:
+        raise RuntimeError(f"{name}: expected int8, uint8 or int32 values, got {ints.dtype}")
+    return _QINT[ints.dtype]
+
+
 def make_per_tensor_quantized_tensor(ints: torch.Tensor, scale: float, zero_point: int) -> torch.Tensor:
     """``aten::_make_per_tensor_quantized_tensor`` (PrivateUse1): integers and a quantizer, a new tensor."""
-    dtype = {v: k for k, v in _INT.items()}.get(ints.dtype)
-    if dtype is None:
-        raise RuntimeError(f"_make_per_tensor_quantized_tensor: expected int8, uint8 or int32 values, got {ints.dtype}")
+    dtype = _qint_of("_make_per_tensor_quantized_tensor", ints)
     q = torch._empty_affine_quantized(ints.shape, scale=scale, zero_point=zero_point, dtype=dtype, device=ints.device)
     _ints(q).copy_(ints)
     return q
@@ -174,9 +179,7 @@ def make_per_tensor_quantized_tensor(ints: torch.Tensor, scale: float, zero_poin
 def make_per_channel_quantized_tensor(ints: torch.Tensor, scales: torch.Tensor, zero_points: torch.Tensor,
                                       axis: int) -> torch.Tensor:
     """``aten::_make_per_channel_quantized_tensor`` (PrivateUse1)."""
-    dtype = {v: k for k, v in _INT.items()}.get(ints.dtype)
-    if dtype is None:
-        raise RuntimeError(f"_make_per_channel_quantized_tensor: expected int8, uint8 or int32 values, got {ints.dtype}")
+    dtype = _qint_of("_make_per_channel_quantized_tensor", ints)
     q = _empty_quantized(ints.shape, (scales, zero_points, axis), dtype, ints.device)
     _ints(q).copy_(ints)
     return q
