@@ -14,6 +14,7 @@ from . import (  # noqa: F401  (custom_ops registers on import)
     custom_ops,
     examples,
     fallback,
+    nested,
     quantized,
     quantized_dynamic,
     random,
@@ -85,6 +86,7 @@ for _packet in ("quantized_lstm", "quantized_gru"):
 
 # LITERALINCLUDE START: REGISTER SDPA AND RNN
 _aten.impl("_fused_sdp_choice", sdpa.fused_sdp_choice, "PrivateUse1")
+_aten.impl("_fused_sdp_choice", sdpa.fused_sdp_choice, "NestedTensorPrivateUse1")
 _aten.impl("_scaled_dot_product_fused_attention_overrideable", sdpa.attention_forward, "PrivateUse1")
 _aten.impl("_scaled_dot_product_fused_attention_overrideable_backward", sdpa.attention_backward, "PrivateUse1")
 _aten.impl("_thnn_fused_lstm_cell", rnn.lstm_cell, "PrivateUse1")
@@ -92,6 +94,12 @@ _aten.impl("_thnn_fused_lstm_cell_backward_impl", rnn.lstm_cell_backward, "Priva
 _aten.impl("_thnn_fused_gru_cell", rnn.gru_cell, "PrivateUse1")
 _aten.impl("_thnn_fused_gru_cell_backward", rnn.gru_cell_backward, "PrivateUse1")
 # LITERALINCLUDE END: REGISTER SDPA AND RNN
+
+# LITERALINCLUDE START: REGISTER NESTED
+_global.fallback(nested.nested_fallback, "NestedTensorPrivateUse1")
+nested.register(_aten)
+_aten.impl("_nested_from_padded", nested.nested_from_padded, "PrivateUse1")
+# LITERALINCLUDE END: REGISTER NESTED
 
 _aten.impl("select_backward", view_backward.select_backward, "PrivateUse1")
 _aten.impl("slice_backward", view_backward.slice_backward, "PrivateUse1")
