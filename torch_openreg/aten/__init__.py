@@ -20,6 +20,7 @@ from . import (  # noqa: F401  (custom_ops registers on import)
     random,
     rnn,
     sdpa,
+    sparse,
     view_backward,
 )
 
@@ -99,6 +100,7 @@ _aten.impl("_thnn_fused_gru_cell_backward", rnn.gru_cell_backward, "PrivateUse1"
 _global.fallback(nested.nested_fallback, "NestedTensorPrivateUse1")
 nested.register(_aten)
 _aten.impl("_nested_from_padded", nested.nested_from_padded, "PrivateUse1")
+sparse.register(_global, _aten)
 # LITERALINCLUDE END: REGISTER NESTED
 
 _aten.impl("select_backward", view_backward.select_backward, "PrivateUse1")
