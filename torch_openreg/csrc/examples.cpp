@@ -124,7 +124,6 @@ bool cpu_flash_applies(const at::Tensor& query, const at::Tensor& key, const at:
          sdp::check_tensor_dtype(p, dtypes, false);
 }
 // LITERALINCLUDE END: SDP CHOICE
-// LITERALINCLUDE END: SDP CHOICE
 
 } // namespace
 
