@@ -13,11 +13,11 @@ so openreg registers one boxed fallback for that key, which sends each operator 
   that kind of kernel by registering it for ``NestedTensorHPU`` too (an out-of-tree device); the
   fallback redispatches those, plus three CPU-only ones that are generic as well, to the
   ``NestedTensorCPU`` kernel.
-* **everything else, on the host path.** The CPU-specific nested kernels read the buffer directly
-  (``sum``, the attention helpers ``_transform_bias_rescale_qkv``, ``_native_multi_head_attention``,
-  ...). They run synchronously over host views: each openreg nested argument becomes a CPU nested
-  tensor over the host view of its buffer (``_nested_view_from_buffer``), the CPU kernel runs inside a
-  launch, and new results are copied to the device; in-place results are the arguments themselves.
+* **everything else, on the host path** (``host_path.py``). The CPU-specific nested kernels read the
+  buffer directly (``sum``, the attention helpers ``_transform_bias_rescale_qkv``,
+  ``_native_multi_head_attention``, ...). They run synchronously over host views: each openreg nested
+  argument becomes a CPU nested tensor over the host view of its buffer (``_nested_view_from_buffer``),
+  the CPU kernel runs inside a launch, and new results are copied to the device.
 """
 
 from __future__ import annotations
@@ -27,8 +27,9 @@ from typing import Any
 
 import torch
 
-from .fallback import FRESH, INPLACE, OpInfo
-from .launch import host_view, run_sync
+from . import host_path
+from .fallback import OpInfo
+from .launch import host_view
 
 _has_kernel = torch._C._dispatch_has_kernel_for_dispatch_key
 _NESTED_CPU = torch._C.DispatchKeySet(torch._C.DispatchKey.NestedTensorCPU)
@@ -136,39 +137,10 @@ def _on_host(value: Any) -> Any:
     return host_view(value)
 
 
-def _device_tensors(args: tuple, kwargs: dict) -> list[torch.Tensor]:
-    found = []
-    for value in (*args, *kwargs.values()):
-        for v in value if isinstance(value, (list, tuple)) else (value,):
-            if isinstance(v, torch.Tensor) and v.device.type != "cpu":
-                found.append(_buffer(v) if v.is_nested else v)
-    return found
+def _parts(t: torch.Tensor) -> list[torch.Tensor]:
+    return [_buffer(t)] if t.is_nested else [t]
 
 
 def _host_path(op, info: OpInfo, args: tuple, kwargs: dict) -> Any:
-    tensors = _device_tensors(args, kwargs)
-    devices = {t.device for t in tensors}
-    if len(devices) != 1:
-        raise RuntimeError(f"Expected all tensors to be on the same device, but found {sorted(map(str, devices))} "
-                           f"(in {op.name()})")
-    device = devices.pop()
-    result = run_sync(device.index, _call, op, _on_host(args), {k: _on_host(v) for k, v in kwargs.items()},
-                      tensors=tensors, name=op.name())
-    if not info.returns:
-        return result
-    results = [result] if len(info.returns) == 1 else list(result)
-    final = []
-    for (kind, arg), r in zip(info.returns, results):
-        if kind == INPLACE:
-            final.append(info.value(args, kwargs, arg))  # the CPU kernel wrote through the host views
-        elif kind == FRESH:
-            final.append(r.to(device) if isinstance(r, torch.Tensor) else r)
-        else:
-            raise NotImplementedError(f"{op.name()} returns a view, which the nested host path cannot map back "
-                                      "to device memory")
-    return final[0] if len(final) == 1 else tuple(final)
-
-
-def _call(op, args, kwargs):
-    return op(*args, **kwargs)
+    return host_path.run(op, info, args, kwargs, on_host=_on_host, parts=_parts)
 # LITERALINCLUDE END: NESTED HOST PATH

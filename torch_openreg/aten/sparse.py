@@ -13,11 +13,10 @@ sends each operator one of two ways:
   ``crow_indices``, ``_nnz``, ...), ``clone``, ``copy_``, ``zero_``, ``empty`` and the resizes are
   written once for every device: they only build impls and call operators on the components, which
   dispatch to openreg. They are redispatched to the ``SparseCPU``/``SparseCsrCPU`` kernel.
-* **arithmetic, on the host path.** The CPU's sparse kernels read indices and values directly
-  (``coalesce``, ``add``, ``mm``, ``sparse_mask``, ``_to_dense``, ...). They run synchronously, inside
-  a launch, over CPU sparse tensors built on host views of the components (no copy); new results are
-  copied to the device, in-place results are either written through the views already or copied
-  back with the (redispatched) sparse ``copy_``. Results are the CPU's, bit for bit.
+* **arithmetic, on the host path** (``host_path.py``). The CPU's sparse kernels read indices and
+  values directly (``coalesce``, ``add``, ``mm``, ``sparse_mask``, ``_to_dense``, ...). They run
+  synchronously, inside a launch, over CPU sparse tensors built on host views of the components (no
+  copy), after PyTorch's invariant checks; results are the CPU's, bit for bit.
 """
 
 from __future__ import annotations
@@ -27,8 +26,9 @@ from typing import Any
 
 import torch
 
-from .fallback import FRESH, INPLACE, OpInfo
-from .launch import host_view, run_sync
+from . import host_path
+from .fallback import OpInfo
+from .launch import host_view
 
 _has_kernel = torch._C._dispatch_has_kernel_for_dispatch_key
 _KEYS = {  # openreg key -> (CPU key whose kernels are borrowed, as a keyset)
@@ -82,7 +82,7 @@ def _redispatch(op, keyset, args: tuple, kwargs: dict) -> Any:
     the current one when it is made, before its components are set (a CUDA kernel's wrapper guards the same)."""
     device = kwargs.get("device")
     if device is None or torch.device(device).type == "cpu":
-        device = next((t.device for t in _device_tensors(args, kwargs) if t.device.type != "cpu"), None)
+        device = next((t.device for t in host_path.device_tensors(args, kwargs) if t.device.type != "cpu"), None)
     index = torch.device(device).index if device is not None else None
     if index is None:
         return op.redispatch(keyset, *args, **kwargs)
@@ -147,49 +147,6 @@ def _on_host(value: Any) -> Any:
     return host_view(value)
 
 
-def _device_tensors(args: tuple, kwargs: dict) -> list[torch.Tensor]:
-    found = []
-    for value in (*args, *kwargs.values()):
-        for v in value if isinstance(value, (list, tuple)) else (value,):
-            if isinstance(v, torch.Tensor):
-                found.append(v)
-    return found
-
-
-def _device_of(name: str, tensors: list[torch.Tensor]) -> torch.device:
-    devices = {t.device for t in tensors if t.device.type != "cpu"}
-    strays = [t for t in tensors if t.device.type == "cpu" and (t.layout != torch.strided or t.dim() > 0)]
-    if len(devices) != 1 or strays:
-        found = sorted({str(t.device) for t in tensors})
-        raise RuntimeError(f"Expected all tensors to be on the same device, but found {found} (in {name}; only "
-                           "0-dim CPU tensors mix with openreg)")
-    return devices.pop()
-
-
-def _host_path(op, info: OpInfo, args: tuple, kwargs: dict) -> Any:
-    tensors = _device_tensors(args, kwargs)
-    device = _device_of(op.name(), tensors)
-    components = [m for t in tensors if t.device.type != "cpu" for m in _members(t)]
-    inplace = [kind == INPLACE for kind, _ in info.returns]
-    results = run_sync(device.index, _run, op, _on_host(args), {k: _on_host(v) for k, v in kwargs.items()},
-                       inplace, tensors=components, name=op.name())
-    if results is None:
-        return None
-    final = []
-    for (kind, arg), r in zip(info.returns, results):
-        if kind == INPLACE:
-            target = info.value(args, kwargs, arg)
-            if r is not None:  # its structure changed: the new components are host memory, copied in
-                target.copy_(r)
-            final.append(target)
-        elif kind == FRESH:
-            final.append(r.to(device) if isinstance(r, torch.Tensor) else r)
-        else:
-            raise NotImplementedError(f"{op.name()} returns a view, which the sparse host path cannot map back "
-                                      "to device memory")
-    return final[0] if len(final) == 1 else tuple(final)
-
-
 def _validate(t: torch.Tensor) -> None:
     """PyTorch's invariant checks of a sparse argument (indices within the size, ...), always: the CPU's
     kernels trust the indices, and one out of bounds would read or write past a host view into other
@@ -200,27 +157,6 @@ def _validate(t: torch.Tensor) -> None:
         torch._validate_sparse_compressed_tensor_args(*_members(t), t.shape, t.layout)
 
 
-def _run(op, args, kwargs, inplace: list[bool]) -> list | None:
-    """The kernel: the CPU operator, then its results made host-owned wherever they still point into
-    device memory (readable only here), so that the caller can copy them; ``None`` for an in-place
-    result that was written through the host views alone."""
-    given = _device_tensors(args, kwargs)
-    for t in given:
-        _validate(t)
-    device_memory = {m.untyped_storage().data_ptr() for t in given for m in _members(t)}
-    result = op(*args, **kwargs)
-    if not inplace:
-        return None
-    results = [result] if len(inplace) == 1 else list(result)
-    owned = []
-    for r, written in zip(results, inplace):
-        if not isinstance(r, torch.Tensor):
-            owned.append(r)
-            continue
-        aliased = [m.untyped_storage().data_ptr() in device_memory for m in _members(r)]
-        if written and all(aliased):
-            owned.append(None)
-        else:
-            owned.append(r.clone() if any(aliased) else r)
-    return owned
+def _host_path(op, info: OpInfo, args: tuple, kwargs: dict) -> Any:
+    return host_path.run(op, info, args, kwargs, on_host=_on_host, parts=_members, validate=_validate)
 # LITERALINCLUDE END: SPARSE HOST PATH
