@@ -101,6 +101,23 @@ def test_make_quantized_tensors_and_lists():
         assert got.device.type == DEV and torch.equal(got.cpu(), want)
 
 
+@pytest.mark.parametrize("scheme", ["per_tensor", "per_channel"])
+def test_quantized_save_load_and_deepcopy(scheme, tmp_path):
+    x = torch.randn(3, 4)
+    scales, zero_points = _params(3, torch.qint8)
+    quantize = (lambda t: torch.quantize_per_tensor(t, 0.05, 2, torch.qint8)) if scheme == "per_tensor" else (
+        lambda t: torch.quantize_per_channel(t, scales.to(t.device), zero_points.to(t.device), 0, torch.qint8))
+    expected = quantize(x)
+    q = quantize(x.to(DEV))
+    torch.save(q, tmp_path / "q.pt")
+    for loaded in (torch.load(tmp_path / "q.pt"), copy.deepcopy(q)):
+        assert loaded.device.type == DEV and loaded.qscheme() == expected.qscheme()
+        assert torch.equal(loaded.int_repr().cpu(), expected.int_repr())
+        assert torch.equal(loaded.dequantize().cpu(), expected.dequantize())
+    on_cpu = torch.load(tmp_path / "q.pt", map_location="cpu")
+    assert on_cpu.device.type == "cpu" and torch.equal(on_cpu.dequantize(), expected.dequantize())
+
+
 @pytest.mark.parametrize("bad, match", [
     (lambda x, s, z: torch.quantize_per_channel(x, s, z, 2, torch.qint8), "axis 2 out of range"),
     (lambda x, s, z: torch.quantize_per_channel(x, s[:2], z, 0, torch.qint8), "length 3"),

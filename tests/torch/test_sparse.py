@@ -73,6 +73,18 @@ def test_compressed_tensors_live_on_the_device(layout, two_devices):
     assert got.to("openreg:1").values().device == torch.device("openreg:1")
 
 
+@pytest.mark.parametrize("layout", ["coo", "csr"])
+def test_save_load_and_deepcopy(layout, tmp_path):
+    convert = (lambda t: t.to_sparse()) if layout == "coo" else (lambda t: t.to_sparse_csr())
+    expected = convert(DENSE)
+    got = convert(DENSE.to(DEV))
+    torch.save(got, tmp_path / "s.pt")
+    _same(torch.load(tmp_path / "s.pt"), expected)
+    _same(copy.deepcopy(got), expected)
+    on_cpu = torch.load(tmp_path / "s.pt", map_location="cpu")
+    assert on_cpu.device.type == "cpu" and torch.equal(on_cpu.to_dense(), DENSE)
+
+
 W = torch.randn(4, 5, generator=torch.Generator().manual_seed(3))
 OPS = {
     "coalesce": lambda d: _uncoalesced(d).coalesce(),

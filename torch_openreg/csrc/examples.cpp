@@ -23,6 +23,7 @@
 #include <ATen/ops/q_scale_native.h>
 #include <ATen/ops/q_zero_point_native.h>
 #include <ATen/ops/qscheme_native.h>
+#include <ATen/ops/set_native.h>
 #include <ATen/ops/as_strided_native.h>
 #include <ATen/ops/view_native.h>
 #include <c10/core/DeviceGuard.h>
@@ -195,6 +196,7 @@ TORCH_LIBRARY_IMPL(aten, QuantizedPrivateUse1, m) {
   m.impl("q_per_channel_zero_points", at::native::q_per_channel_zero_points);
   m.impl("q_per_channel_axis", at::native::q_per_channel_axis);
   m.impl("as_strided", at::native::as_strided_qtensorimpl);
+  m.impl("set_.source_Storage_storage_offset", at::native::set_storage_quantized_); // torch.load, deepcopy
   m.impl("view", at::native::view);
 }
 // LITERALINCLUDE END: REGISTER QUANTIZED
