@@ -66,6 +66,16 @@ def test_construction_moves_and_metadata(two_devices):
     assert got._nested_tensor_storage_offsets().tolist() == expected._nested_tensor_storage_offsets().tolist()
 
 
+def test_save_and_load(tmp_path):
+    expected = _nested("cpu")
+    torch.save(_nested(DEV), tmp_path / "n.pt")
+    _assert_same(torch.load(tmp_path / "n.pt"), expected)
+    on_cpu = torch.load(tmp_path / "n.pt", map_location="cpu")
+    assert on_cpu.device.type == "cpu" and on_cpu.is_nested
+    for got, want in zip(on_cpu.unbind(), expected.unbind()):
+        assert torch.equal(got, want)
+
+
 def test_to_padded_tensor_and_back():
     expected, got = _nested("cpu"), _nested(DEV)
     _assert_same(got.to_padded_tensor(0.0), expected.to_padded_tensor(0.0))

@@ -100,6 +100,8 @@ _aten.impl("_thnn_fused_gru_cell_backward", rnn.gru_cell_backward, "PrivateUse1"
 _global.fallback(nested.nested_fallback, "NestedTensorPrivateUse1")
 nested.register(_aten)
 _aten.impl("_nested_from_padded", nested.nested_from_padded, "PrivateUse1")
+_aten.impl("_nested_view_from_buffer", nested.nested_view_from_buffer, "PrivateUse1")
+_aten.impl("_nested_view_from_buffer_copy", nested.nested_view_from_buffer_copy, "PrivateUse1")
 sparse.register(_global, _aten)
 # LITERALINCLUDE END: REGISTER NESTED
 

@@ -102,6 +102,19 @@ def nested_from_padded(padded: torch.Tensor, cpu_nested_shape_example: torch.Ten
         _CPU, padded, cpu_nested_shape_example, fuse_transform_0213)
 
 
+def nested_view_from_buffer(buffer: torch.Tensor, nested_size: torch.Tensor, nested_strides: torch.Tensor,
+                            offsets: torch.Tensor) -> torch.Tensor:
+    """``aten::_nested_view_from_buffer`` (PrivateUse1; ``torch.load`` of a nested tensor rebuilds it so): the
+    CPU's kernel, which only makes a ``NestedTensorImpl`` over the buffer with the CPU metadata."""
+    return torch.ops.aten._nested_view_from_buffer.default.redispatch(_CPU, buffer, nested_size, nested_strides,
+                                                                      offsets)
+
+
+def nested_view_from_buffer_copy(buffer, nested_size, nested_strides, offsets) -> torch.Tensor:
+    """``aten::_nested_view_from_buffer_copy`` (PrivateUse1): the same over a copy of the buffer."""
+    return nested_view_from_buffer(buffer.clone(), nested_size, nested_strides, offsets)
+
+
 def _wrap_numbers(op: torch._ops.OpOverload, args: tuple) -> tuple:
     """Python numbers passed for ``Tensor`` arguments (a boxed kernel receives ``nt * 2``'s 2 unwrapped)
     as 0-dim CPU tensors again, in the dtype the number takes in the operation."""
