@@ -6,8 +6,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from torch_openreg.aten.sdpa import _keep_mask
-
 DEV = "openreg"
 
 
@@ -92,17 +90,21 @@ def test_dropout_statistics_and_reproducibility(p):
     torch.testing.assert_close(v.grad.cpu(), host.sum(-2, keepdim=True).transpose(-2, -1).expand(2, 4, S, S))
 
 
-def test_dropout_grads_match_cpu_math_with_same_mask():
+def test_dropout_matches_cpu_math_with_the_same_seed():
+    """The fused kernel draws its dropout mask as the CPU's math path does: same seed, same mask, and
+    backward redraws that mask from the generator state forward saved."""
     q, k, v = _inputs()
     p = 0.3
     dev = [t.to(DEV).requires_grad_() for t in (q, k, v)]
-    out, _, _, _, _, _, seed, _, _ = torch.ops.aten._scaled_dot_product_fused_attention_overrideable(
-        *dev, dropout_p=p)
-    torch.openreg.synchronize()  # the kernel draws the seed on the stream, in order with other random work
-    keep = _keep_mask(int(seed), (2, 3, 5, 7), p)
     cpu = [t.clone().requires_grad_() for t in (q, k, v)]
-    expected, _ = torch.ops.aten._scaled_dot_product_attention_math(*cpu, None, p, False, keep)
+    torch.manual_seed(11)
+    expected = F.scaled_dot_product_attention(*cpu, dropout_p=p)  # the CPU takes its math path with dropout
+    torch.manual_seed(11)
+    out, _, _, _, _, _, state, _, _ = torch.ops.aten._scaled_dot_product_fused_attention_overrideable(
+        *dev, dropout_p=p)
     torch.testing.assert_close(out.detach().cpu(), expected.detach(), rtol=1e-5, atol=1e-5)
+    assert state.dtype == torch.uint8 and state.numel() == torch.Generator().get_state().numel()
+    torch.openreg.manual_seed(0)  # backward must not draw again: it redraws from the saved state
     grad = torch.randn_like(expected)
     expected.backward(grad)
     out.backward(grad.to(DEV))
@@ -110,13 +112,13 @@ def test_dropout_grads_match_cpu_math_with_same_mask():
         torch.testing.assert_close(b.grad.cpu(), a.grad, rtol=1e-4, atol=1e-5)
 
 
-def test_grouped_query_attention_takes_the_math_backend(launches):
+def test_grouped_query_attention_runs_the_fused_kernel(launches):
     g = torch.Generator().manual_seed(3)
     q, k, v = torch.randn(1, 4, 5, 8, generator=g), torch.randn(1, 2, 6, 8, generator=g), torch.randn(
         1, 2, 6, 8, generator=g)
     dev = [t.to(DEV).requires_grad_() for t in (q, k, v)]
     cpu = [t.clone().requires_grad_() for t in (q, k, v)]
-    assert torch._fused_sdp_choice(*dev, enable_gqa=True) == 0  # SDPBackend::math
+    assert torch._fused_sdp_choice(*dev, enable_gqa=True) == 4  # SDPBackend::overrideable
     expected = F.scaled_dot_product_attention(*cpu, enable_gqa=True)
     got = F.scaled_dot_product_attention(*dev, enable_gqa=True)
     torch.testing.assert_close(got.cpu(), expected, rtol=1e-5, atol=1e-5)
@@ -124,7 +126,7 @@ def test_grouped_query_attention_takes_the_math_backend(launches):
     got.sum().backward()
     for a, b in zip(cpu, dev):
         torch.testing.assert_close(b.grad.cpu(), a.grad, rtol=1e-4, atol=1e-5)
-    assert "sdpa_overrideable" not in {name for name, _, _ in launches}
+    assert "sdpa_overrideable" in {name for name, _, _ in launches}
 
 
 def test_fully_masked_row_and_half_precision():

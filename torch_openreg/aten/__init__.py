@@ -14,10 +14,13 @@ from . import (  # noqa: F401  (custom_ops registers on import)
     custom_ops,
     examples,
     fallback,
+    nested,
     quantized,
+    quantized_dynamic,
     random,
     rnn,
     sdpa,
+    sparse,
     view_backward,
 )
 
@@ -64,14 +67,31 @@ _aten.impl("addcmul", examples.boxed(torch.ops.aten.addcmul.default), "PrivateUs
 # LITERALINCLUDE START: REGISTER QUANTIZED PYTHON
 _aten.impl("quantize_per_tensor", quantized.quantize_per_tensor, "PrivateUse1")
 _aten.impl("quantize_per_tensor.tensor_qparams", quantized.quantize_per_tensor_tensor_qparams, "PrivateUse1")
+_aten.impl("quantize_per_channel", quantized.quantize_per_channel, "PrivateUse1")
+_aten.impl("_make_per_tensor_quantized_tensor", quantized.make_per_tensor_quantized_tensor, "PrivateUse1")
+_aten.impl("_make_per_channel_quantized_tensor", quantized.make_per_channel_quantized_tensor, "PrivateUse1")
 _aten.impl("dequantize.self", quantized.dequantize, "QuantizedPrivateUse1")
+_aten.impl("dequantize.tensors", quantized.dequantize_tensors, "QuantizedPrivateUse1")
 _aten.impl("clone", quantized.clone, "QuantizedPrivateUse1")
 _aten.impl("int_repr", quantized.int_repr, "QuantizedPrivateUse1")
 _aten.impl("_to_copy", quantized.to_copy, "QuantizedPrivateUse1")
+
+_quantized = torch.library.Library("quantized", "IMPL")
+_quantized.impl("linear_prepack", quantized_dynamic.linear_prepack, "QuantizedPrivateUse1")
+_quantized.impl("linear_prepack_fp16", quantized_dynamic.linear_prepack_fp16, "PrivateUse1")
+_quantized.impl("make_quantized_cell_params_dynamic", quantized_dynamic.make_cell_params_dynamic, "PrivateUse1")
+for _name, _kernel in quantized_dynamic.DYNAMIC_LINEAR.items():
+    _quantized.impl(_name, _kernel, "PrivateUse1")
+for _packet in ("quantized_lstm", "quantized_gru"):
+    for _overload in ("input", "data"):
+        _op = getattr(getattr(torch.ops.aten, _packet), _overload)
+        _aten.impl(f"{_packet}.{_overload}", quantized_dynamic.recurrent(_op, f"aten::{_packet}.{_overload}"),
+                   "PrivateUse1")
 # LITERALINCLUDE END: REGISTER QUANTIZED PYTHON
 
 # LITERALINCLUDE START: REGISTER SDPA AND RNN
 _aten.impl("_fused_sdp_choice", sdpa.fused_sdp_choice, "PrivateUse1")
+_aten.impl("_fused_sdp_choice", sdpa.fused_sdp_choice, "NestedTensorPrivateUse1")
 _aten.impl("_scaled_dot_product_fused_attention_overrideable", sdpa.attention_forward, "PrivateUse1")
 _aten.impl("_scaled_dot_product_fused_attention_overrideable_backward", sdpa.attention_backward, "PrivateUse1")
 _aten.impl("_thnn_fused_lstm_cell", rnn.lstm_cell, "PrivateUse1")
@@ -79,6 +99,15 @@ _aten.impl("_thnn_fused_lstm_cell_backward_impl", rnn.lstm_cell_backward, "Priva
 _aten.impl("_thnn_fused_gru_cell", rnn.gru_cell, "PrivateUse1")
 _aten.impl("_thnn_fused_gru_cell_backward", rnn.gru_cell_backward, "PrivateUse1")
 # LITERALINCLUDE END: REGISTER SDPA AND RNN
+
+# LITERALINCLUDE START: REGISTER NESTED
+_global.fallback(nested.nested_fallback, "NestedTensorPrivateUse1")
+nested.register(_aten)
+_aten.impl("_nested_from_padded", nested.nested_from_padded, "PrivateUse1")
+_aten.impl("_nested_view_from_buffer", nested.nested_view_from_buffer, "PrivateUse1")
+_aten.impl("_nested_view_from_buffer_copy", nested.nested_view_from_buffer_copy, "PrivateUse1")
+sparse.register(_global, _aten)
+# LITERALINCLUDE END: REGISTER NESTED
 
 _aten.impl("select_backward", view_backward.select_backward, "PrivateUse1")
 _aten.impl("slice_backward", view_backward.slice_backward, "PrivateUse1")

@@ -7,7 +7,14 @@
 #include <ATen/SDPBackend.h>
 #include <ATen/native/UnaryOps.h>
 #include <ATen/native/transformers/attention.h>
+#include <ATen/native/transformers/sdp_utils_cpp.h>
+#include <ATen/ops/_fused_sdp_choice.h>
 #include <ATen/ops/_empty_affine_quantized_native.h>
+#include <ATen/ops/_empty_per_channel_affine_quantized_native.h>
+#include <ATen/ops/empty_like_native.h>
+#include <ATen/ops/q_per_channel_axis_native.h>
+#include <ATen/ops/q_per_channel_scales_native.h>
+#include <ATen/ops/q_per_channel_zero_points_native.h>
 #include <ATen/ops/abs.h>
 #include <ATen/ops/abs_native.h>
 #include <ATen/ops/empty.h>
@@ -16,12 +23,14 @@
 #include <ATen/ops/q_scale_native.h>
 #include <ATen/ops/q_zero_point_native.h>
 #include <ATen/ops/qscheme_native.h>
+#include <ATen/ops/set_native.h>
 #include <ATen/ops/as_strided_native.h>
 #include <ATen/ops/view_native.h>
 #include <c10/core/DeviceGuard.h>
 #include <torch/csrc/utils/pybind.h>
 #include <torch/library.h>
 
+#include <array>
 #include <functional>
 #include <string>
 #include <vector>
@@ -89,14 +98,31 @@ void abs_kernel(at::TensorIteratorBase& iter) {
 
 // LITERALINCLUDE START: SDP CHOICE
 // scaled_dot_product_attention asks this stub (not the _fused_sdp_choice
-// operator) which backend to use for a PrivateUse1 query: the "overrideable"
-// one, i.e. aten::_scaled_dot_product_fused_attention_overrideable, whose
-// kernels are Python (torch_openreg/aten/sdpa.py). Grouped-query attention
-// (enable_gqa) goes to the math backend: the overrideable operator has no
-// enable_gqa argument, while the math backend composes ordinary operators.
-int64_t fused_sdp_choice(const at::Tensor&, const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
-                         double, bool, std::optional<double>, bool enable_gqa) {
-  return static_cast<int64_t>(enable_gqa ? at::SDPBackend::math : at::SDPBackend::overrideable);
+// operator) which backend to use for a PrivateUse1 query. The stub only
+// forwards to the operator, whose openreg kernel is Python
+// (torch_openreg/aten/sdpa.py): the choice, and what sdpa_kernel() allows,
+// is decided there.
+int64_t fused_sdp_choice(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+                         const std::optional<at::Tensor>& attn_mask, double dropout_p, bool is_causal,
+                         std::optional<double> scale, bool enable_gqa) {
+  return at::_fused_sdp_choice(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa);
+}
+
+// Whether CPU eager would run an attention with its flash kernel, whatever
+// sdpa_kernel() enables: the checks of PyTorch 2.13's use_flash_attention_cpp
+// (sdp_utils_cpp.cpp, whose list is not exported), from the header that holds
+// them, without its runtime flag. Called with host views (CPU tensors): the
+// stride rule for the mask is the CPU's.
+bool cpu_flash_applies(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+                       const std::optional<at::Tensor>& attn_mask, double dropout_p, bool enable_gqa) {
+  const sdp::sdp_params p{query, key, value, attn_mask, dropout_p, false, enable_gqa};
+  constexpr std::array<at::ScalarType, 4> dtypes{at::kFloat, at::kDouble, at::kBFloat16, at::kHalf};
+  return sdp::check_nested_tensor(p, false) && sdp::check_for_dropout(p, false) && sdp::check_tensor_shapes(p, false) &&
+         sdp::check_batch_size_and_num_heads_dense<true /*supports_gqa*/>(p, false) &&
+         sdp::check_attn_mask_shape(p, false) && query.size(-1) == key.size(-1) && query.size(-1) == value.size(-1) &&
+         sdp::check_nonzero_sequence_lengths_dense(p, false) &&
+         sdp::check_last_dim_stride_equals_1_dense<false /*ignore_singleton_dim*/>(p, false) &&
+         sdp::check_tensor_dtype(p, dtypes, false);
 }
 // LITERALINCLUDE END: SDP CHOICE
 
@@ -112,6 +138,19 @@ at::Tensor empty_affine_quantized(c10::IntArrayRef size, std::optional<c10::Scal
   c10::OptionalDeviceGuard guard(device);
   return at::native::empty_affine_quantized(size, dtype, layout, device, pin_memory, scale, zero_point,
                                             memory_format);
+}
+
+// Per-channel: the quantizer holds the scales and zero points as tensors; they go to the tensor's
+// device (as they are on CUDA), so q_per_channel_scales() answers with an openreg tensor.
+at::Tensor empty_per_channel_affine_quantized(c10::IntArrayRef size, const at::Tensor& scales,
+                                              const at::Tensor& zero_points, int64_t axis,
+                                              std::optional<c10::ScalarType> dtype, std::optional<c10::Layout> layout,
+                                              std::optional<c10::Device> device, std::optional<bool> pin_memory,
+                                              std::optional<c10::MemoryFormat> memory_format) {
+  c10::OptionalDeviceGuard guard(device);
+  const c10::Device target = device.value_or(scales.device());
+  return at::native::empty_per_channel_affine_quantized(size, scales.to(target), zero_points.to(target), axis, dtype,
+                                                        layout, device, pin_memory, memory_format);
 }
 // LITERALINCLUDE END: QUANTIZED FACTORY
 
@@ -133,16 +172,31 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   // Quantized tensors: the factory builds a QTensorImpl over device memory with
   // the QuantizedPrivateUse1 key (ATen picks the PrivateUse1 allocator).
   m.impl("_empty_affine_quantized", empty_affine_quantized);
+  m.impl("_empty_per_channel_affine_quantized", empty_per_channel_affine_quantized);
 }
 // LITERALINCLUDE END: REGISTER STUB
+
+// LITERALINCLUDE START: REGISTER CPU FLASH CHECK
+TORCH_LIBRARY_FRAGMENT(openreg, m) {
+  m.def("_cpu_flash_applies(Tensor query, Tensor key, Tensor value, Tensor? attn_mask, float dropout_p, "
+        "bool enable_gqa) -> bool",
+        &cpu_flash_applies);
+}
+// LITERALINCLUDE END: REGISTER CPU FLASH CHECK
 
 // LITERALINCLUDE START: REGISTER QUANTIZED
 TORCH_LIBRARY_IMPL(aten, QuantizedPrivateUse1, m) {
   m.impl("_empty_affine_quantized", empty_affine_quantized);
+  m.impl("_empty_per_channel_affine_quantized", empty_per_channel_affine_quantized);
+  m.impl("empty_like", at::native::empty_like_quantized);
   m.impl("q_scale", at::native::q_scale_quant);
   m.impl("q_zero_point", at::native::q_zero_point_quant);
   m.impl("qscheme", at::native::qscheme_quant);
+  m.impl("q_per_channel_scales", at::native::q_per_channel_scales);
+  m.impl("q_per_channel_zero_points", at::native::q_per_channel_zero_points);
+  m.impl("q_per_channel_axis", at::native::q_per_channel_axis);
   m.impl("as_strided", at::native::as_strided_qtensorimpl);
+  m.impl("set_.source_Storage_storage_offset", at::native::set_storage_quantized_); // torch.load, deepcopy
   m.impl("view", at::native::view);
 }
 // LITERALINCLUDE END: REGISTER QUANTIZED

@@ -1,0 +1,99 @@
+"""The host path of the sparse and nested layouts: a CPU layout kernel run over host views, synchronously.
+
+The CPU's kernels for sparse and nested tensors read their parts (indices, values, buffers) through
+data pointers. For openreg tensors they run inside one launch (``run_sync``), over CPU tensors of the
+same layout that the layout module builds on host views of the parts (``on_host``): metadata only,
+nothing is copied. Results are made host-owned inside the launch wherever they still point into
+device memory (which the host may read only there); then new results are copied to the device, and
+an in-place result is either the argument itself (written through the views) or, when the operator
+replaced its parts (a sparse ``add_`` that adds entries), copied back into it with ``copy_``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from .fallback import FRESH, INPLACE, OpInfo
+from .launch import run_sync
+
+
+def device_tensors(args: tuple, kwargs: dict) -> list[torch.Tensor]:
+    """Every tensor among the arguments (alone or in lists)."""
+    found = []
+    for value in (*args, *kwargs.values()):
+        for v in value if isinstance(value, (list, tuple)) else (value,):
+            if isinstance(v, torch.Tensor):
+                found.append(v)
+    return found
+
+
+def device_of(name: str, tensors: list[torch.Tensor]) -> torch.device:
+    """The call's one openreg device; CPU tensors only as 0-dim dense scalars, as for the fallback."""
+    devices = {t.device for t in tensors if t.device.type != "cpu"}
+    strays = [t for t in tensors if t.device.type == "cpu" and (t.layout != torch.strided or t.is_nested
+                                                               or t.dim() > 0)]
+    if len(devices) != 1 or strays:
+        found = sorted({str(t.device) for t in tensors})
+        raise RuntimeError(f"Expected all tensors to be on the same device, but found {found} (in {name}; only "
+                           "0-dim CPU tensors mix with openreg)")
+    return devices.pop()
+
+
+# LITERALINCLUDE START: HOST PATH
+def run(op: torch._ops.OpOverload, info: OpInfo, args: tuple, kwargs: dict, *, on_host: Callable[[Any], Any],
+        parts: Callable[[torch.Tensor], list[torch.Tensor]],
+        validate: Callable[[torch.Tensor], None] | None = None) -> Any:
+    """Run ``op``'s CPU kernel over host-side copies of the arguments' metadata (``on_host``), in a launch.
+
+    ``parts(t)`` lists the dense tensors a tensor's data lives in (the storages the launch opens);
+    ``validate(t)``, if given, checks each host-side argument before the kernel trusts it.
+    """
+    tensors = device_tensors(args, kwargs)
+    device = device_of(op.name(), tensors)
+    extents = [p for t in tensors if t.device.type != "cpu" for p in parts(t)]
+    inplace = [kind == INPLACE for kind, _ in info.returns]
+    results = run_sync(device.index, _kernel, op, on_host(args), {k: on_host(v) for k, v in kwargs.items()},
+                       inplace, parts, validate, tensors=extents, name=op.name())
+    if results is None:
+        return None
+    final = []
+    for (kind, arg), r in zip(info.returns, results):
+        if kind == INPLACE:
+            target = info.value(args, kwargs, arg)
+            if r is not None:  # its parts were replaced: the new ones are host memory, copied in
+                target.copy_(r)
+            final.append(target)
+        elif kind == FRESH:
+            final.append(r.to(device) if isinstance(r, torch.Tensor) else r)
+        else:
+            raise NotImplementedError(f"{op.name()} returns a view of its input, which the host path cannot map "
+                                      "back to device memory")
+    return final[0] if len(final) == 1 else tuple(final)
+
+
+def _kernel(op, args, kwargs, inplace: list[bool], parts, validate) -> list | None:
+    """The launched kernel: the CPU operator; then its results made host-owned wherever they still point
+    into device memory; ``None`` for an in-place result written through the host views alone."""
+    given = device_tensors(args, kwargs)
+    if validate is not None:
+        for t in given:
+            validate(t)
+    device_memory = {p.untyped_storage().data_ptr() for t in given for p in parts(t)}
+    result = op(*args, **kwargs)
+    if not inplace:
+        return None
+    owned = []
+    for r, written in zip([result] if len(inplace) == 1 else list(result), inplace):
+        if not isinstance(r, torch.Tensor):
+            owned.append(r)
+            continue
+        aliased = [p.untyped_storage().data_ptr() in device_memory for p in parts(r)]
+        if written and all(aliased):
+            owned.append(None)
+        else:
+            owned.append(r.clone() if any(aliased) else r)
+    return owned
+# LITERALINCLUDE END: HOST PATH
