@@ -22,12 +22,16 @@ from torch._dynamo import device_interface, trace_rules
 from torch._dynamo.backends import registry
 from torch._dynamo.variables import ctx_manager
 from torch._dynamo.variables import torch as torch_variables
+from torch._dynamo.variables.torch import TorchInGraphFunctionVariable
 
 import openreg
 
 from . import workarounds
 
 _registered = False
+_DEVICE_QUERIES = (torch.openreg.device_count, torch.openreg.is_available, torch.openreg.get_device_name,
+                   torch.openreg.get_device_capability, torch.openreg.is_bf16_supported,
+                   torch.openreg.get_amp_supported_dtype)
 
 
 # LITERALINCLUDE START: DEVICE INTERFACE
@@ -134,6 +138,8 @@ def _twins() -> list[tuple[Any, Any, str]]:
     twins = []
     for name in torch.openreg.__all__:
         ours, cuda = getattr(torch.openreg, name), getattr(torch.cuda, name, None)
+        if ours is torch.openreg.get_device_properties:  # a handler of its own (see _handle_device_properties)
+            continue
         if callable(cuda) and callable(ours) and not isinstance(ours, type):
             twins.append((ours, cuda, f"torch.openreg.{name}"))
     return twins
@@ -150,9 +156,12 @@ def _trace_torch_openreg_like_torch_cuda() -> None:
         for folded in (torch_variables.constant_fold_functions, torch_variables.constant_fold_functions_need_guards):
             if cuda in folded:
                 folded[ours] = None
-    # a device's name and capability are constants too (torch.cuda's are not folded: they break the graph)
-    for query in (torch.openreg.get_device_name, torch.openreg.get_device_capability):
+    # device queries are constants for a process; torch.cuda's name, capability and bf16 support are not
+    # folded (they break the graph), openreg's are
+    for query in _DEVICE_QUERIES:
+        trace_rules.manual_torch_name_rule_map[f"torch.openreg.{query.__name__}"] = TorchInGraphFunctionVariable
         torch_variables.constant_fold_functions[query] = None
+    trace_rules.manual_torch_name_rule_map["torch.openreg.get_device_properties"] = TorchInGraphFunctionVariable
     trace_rules.get_torch_obj_rule_map.cache_clear()  # in case Dynamo traced before openreg loaded
     # calling these classes is handled: stream -> a stream context, Stream/Event -> objects in the graph
     for cls in (torch.openreg.stream, torch.openreg.Stream, torch.openreg.Event):
@@ -166,9 +175,44 @@ def _trace_torch_openreg_like_torch_cuda() -> None:
         for ours, cuda, _ in twins:
             if cuda in handlers:
                 handlers[ours] = handlers[cuda]
+        handlers[torch.openreg.get_device_properties] = _handle_device_properties
+        handlers[torch.openreg.Stream] = _handle_stream_class
+        handlers[torch.openreg.Event] = _handle_event_class
         return handlers
 
     torch_variables.TorchInGraphFunctionVariable._get_handlers = staticmethod(handlers_with_openreg)
+
+
+def _handle_device_properties(self: Any, tx: Any, *args: Any, **kwargs: Any) -> Any:
+    """``torch.openreg.get_device_properties(i)``: a constant (the runtime's frozen dataclass), read at trace time."""
+    from torch._dynamo.variables import FrozenDataClassVariable
+
+    device = (args[0].as_python_constant() if args else None) if "device" not in kwargs else \
+        kwargs["device"].as_python_constant()
+    return FrozenDataClassVariable(torch.openreg.get_device_properties(device))
+
+
+def _handle_stream_class(self: Any, tx: Any, *args: Any, **kwargs: Any) -> Any:
+    """``torch.openreg.Stream(device, priority)`` traced as ``torch.Stream(device=openreg:i, priority=...)``."""
+    values = dict(zip(("device", "priority"), (a.as_python_constant() for a in args)))
+    values.update({k: v.as_python_constant() for k, v in kwargs.items()})
+    values["device"] = torch.device("openreg", torch.openreg._index(values.get("device")))
+    return _construct(tx, torch.Stream, values)
+
+
+def _handle_event_class(self: Any, tx: Any, *args: Any, **kwargs: Any) -> Any:
+    """``torch.openreg.Event(enable_timing, ...)`` traced as ``torch.Event(device="openreg", ...)``."""
+    values = dict(zip(("enable_timing", "blocking", "interprocess"), (a.as_python_constant() for a in args)))
+    values.update({k: v.as_python_constant() for k, v in kwargs.items()})
+    return _construct(tx, torch.Event, {"device": torch.device("openreg"), **values})
+
+
+def _construct(tx: Any, cls: type, kwargs: dict[str, Any]) -> Any:
+    """What Dynamo does for ``cls(**kwargs)``: ``torch.Stream``/``torch.Event`` are objects made for the graph."""
+    from torch._dynamo.variables import UserDefinedClassVariable, VariableTracker
+
+    built = {k: VariableTracker.build(tx, v) for k, v in kwargs.items()}
+    return UserDefinedClassVariable(cls).call_function(tx, [], built)
 # LITERALINCLUDE END: DYNAMO REGISTER
 
 

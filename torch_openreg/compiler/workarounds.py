@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 _installed: set[str] = set()
+ORIGINALS: dict[str, Any] = {}  # PyTorch's functions as they were: the tests check the edges are still there
 
 
 # LITERALINCLUDE START: WORKAROUNDS
@@ -44,7 +45,7 @@ def _fake_tensors_keep_backend_meta() -> None:
     """
     from torch._subclasses.fake_tensor import FakeTensorConverter
 
-    from_real_tensor = FakeTensorConverter.from_real_tensor
+    from_real_tensor = ORIGINALS["from_real_tensor"] = FakeTensorConverter.from_real_tensor
 
     def from_real_tensor_with_backend_meta(self: FakeTensorConverter, fake_mode: Any, t: torch.Tensor,
                                            *args: Any, **kwargs: Any) -> torch.Tensor:
@@ -72,7 +73,7 @@ def _cpp_backend_for_openreg() -> None:
     from torch._inductor.codegen import common
     from torch._inductor.kernel import mm_common
 
-    current_backend = utils.get_current_backend
+    current_backend = ORIGINALS["get_current_backend"] = utils.get_current_backend
 
     def current_backend_with_openreg(device_type: str | None = None) -> str:
         if device_type is None:
@@ -95,7 +96,7 @@ def _loop_passes_as_on_cpu() -> None:
     """
     from torch._inductor import scheduler
 
-    is_cpu = scheduler.BaseSchedulerNode.is_cpu
+    is_cpu = ORIGINALS["is_cpu"] = scheduler.BaseSchedulerNode.is_cpu
 
     def is_cpu_or_openreg(self: scheduler.BaseSchedulerNode) -> bool:
         device = self.get_device()
@@ -115,6 +116,6 @@ def _device_guards_as_on_gpus() -> None:
     """
     from torch._inductor import scheduler
 
-    need_guard = scheduler.device_need_guard
+    need_guard = ORIGINALS["device_need_guard"] = scheduler.device_need_guard
     scheduler.device_need_guard = lambda device: device == "openreg" or need_guard(device)
 # LITERALINCLUDE END: WORKAROUNDS

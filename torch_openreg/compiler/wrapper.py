@@ -25,12 +25,14 @@ from torch._inductor.codegen.wrapper import (
     FreeIfNotReusedLine,
     FreeLine,
     KernelCallLine,
+    KernelDefinitionLine,
     MemoryPlanningLine,
     PythonWrapperCodegen,
     ReuseLine,
     SubgraphPythonWrapperCodegen,
     WrapperLine,
 )
+from torch._inductor.utils import LineContext
 from torch._inductor.virtualized import V
 
 
@@ -54,10 +56,24 @@ def _is_openreg_cpp_call(line: object) -> bool:
 
 
 def _launch_of(call: KernelCallLine) -> tuple[str, list[str], list[str]]:
+    """(kernel, call arguments, tensor arguments) of a kernel call, for a launch.
+
+    A host (CPU) tensor the kernel only reads, such as an optimizer's step count, is copied at launch
+    time: the kernel runs later, and the host may change the tensor meanwhile (the next CPU kernel of the
+    same graph increments that step count at once). Device tensors need no copy: the stream orders them.
+    """
     args = [str(a) for a in call.call_args]
-    types = call.arg_types or []
-    tensors = [a for a, t in zip(args, types) if str(t).endswith("*")]  # C++ pointer arguments
+    types = [str(t) for t in (call.arg_types or [])]
+    tensors = [a for a, t in zip(args, types) if t.endswith("*")]  # C++ pointer arguments
+    args = [f"{a}.clone()" if t.startswith("const") and t.endswith("*") and _on_host(a) else a
+            for a, t in zip(args, types)] + args[len(types):]
     return call.kernel_name, args, tensors
+
+
+def _on_host(name: str) -> bool:
+    buffer = V.graph.try_get_buffer(name)
+    device = buffer.get_device() if buffer is not None else None
+    return device is not None and device.type == "cpu"
 # LITERALINCLUDE END: LAUNCH LINE
 
 
@@ -98,13 +114,21 @@ def group_launches(lines: list) -> list:
     for line in lines:
         if _is_openreg_cpp_call(line):
             run.append(line)
-        elif run and isinstance(line, (MemoryPlanningLine, FreeLine, CommentLine)):
+        elif run and _between_launches(line):
             run.append(line)
         else:
             flush()
             out.append(line)
     flush()
     return out
+
+
+def _between_launches(line: object) -> bool:
+    """Lines that may sit inside a merged launch's span: memory planning, kernel definitions (they go to the
+    module's header), comments and line contexts (bookkeeping for debug output)."""
+    if isinstance(line, str):
+        return line.lstrip().startswith("#")
+    return isinstance(line, (MemoryPlanningLine, FreeLine, CommentLine, KernelDefinitionLine, LineContext))
 
 
 def _rename(names: list[str], old: str, new: str) -> list[str]:
