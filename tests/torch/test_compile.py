@@ -7,6 +7,7 @@ cases run here come from the same module.
 
 from __future__ import annotations
 
+import gc
 import re
 import warnings
 
@@ -38,6 +39,15 @@ def mixed(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """Pointwise, reductions, a matmul (an extern kernel) and a softmax: several kernels and launches."""
     z = (x.sin() + y).relu() * 2
     return z, x.sum(0), (x @ y.t()).softmax(-1), z.amax(1)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def forget_compiled_graphs():
+    """After this module: drop Dynamo's caches, which keep what compiled graphs hold (a compiled optimizer
+    step keeps its parameters and states as graph attributes), so later modules start with no device memory."""
+    yield
+    torch._dynamo.reset()
+    gc.collect()
 
 
 @pytest.fixture(scope="module")
