@@ -357,8 +357,8 @@ def test_kernel_error_is_reported_at_the_next_synchronize():
         return x[i] + 1
 
     x, i = torch.randn(8, device=D), torch.tensor([1, 50], device=D)
-    gather(x, i)
     with pytest.raises(RuntimeError, match=r"LAUNCH_FAILURE.*cpp_fused.*index out of bounds"):
+        gather(x, i)  # raises here only with OPENREG_LAUNCH_BLOCKING=1
         torch.openreg.synchronize()
 
 
