@@ -38,4 +38,8 @@ _multiprocessing.install()
 from . import dlpack as _dlpack  # noqa: E402
 
 _dlpack.install()
+
+from . import compiler as _compiler  # noqa: E402  (torch.compile support, registered when first needed)
+
+_compiler.install()
 # LITERALINCLUDE END: AUTOLOAD

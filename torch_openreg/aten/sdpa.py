@@ -154,8 +154,9 @@ def attention_forward(query, key, value, attn_bias=None, dropout_p=0.0, is_causa
     # on the stream, in order with the other random kernels; backward redraws the mask from it.
     gen = _C._cpu_generator(_C._default_generator(dev.index)) if dropout_p > 0 else None
     state = torch.empty(_STATE_BYTES if dropout_p > 0 else 0, dtype=torch.uint8)
-    out = torch.empty(*batch, L, Ev, dtype=query.dtype, device=dev)
-    lse = torch.empty(*batch, L, dtype=torch.float32, device=dev)
+    out = _like_query_layout(query, (*batch, L, Ev))
+    # PyTorch's meta kernel gives 3-D inputs a (1, H, L) logsumexp: compiled graphs check it
+    lse = torch.empty(*((1,) if query.dim() == 3 else ()), *batch, L, dtype=torch.float32, device=dev)
     tensors = [t for t in (out, lse, query, key, value, attn_bias) if t is not None]
     # (host views only as the launch's arguments: a frame an error passes through must not hold them)
     if _cpu_uses_flash(query, key, value, attn_bias, dropout_p):
@@ -168,6 +169,20 @@ def attention_forward(query, key, value, attn_bias=None, dropout_p=0.0, is_causa
     offset_t = torch.tensor(0, dtype=torch.int64)
     debug = torch.empty(0, dtype=query.dtype, device=dev)
     return out, lse, None, None, L, S, state, offset_t, debug
+
+
+def _like_query_layout(query: torch.Tensor, shape: tuple) -> torch.Tensor:
+    """The output laid out as PyTorch's meta kernel lays it out (``alloc_with_matching_layout``): in the
+    query's dimension order. Compiled graphs assert the strides their fake tensors had."""
+    if tuple(query.shape) == tuple(shape):
+        return torch.empty_like(query)
+    if query.dim() != 4:
+        return torch.empty(shape, dtype=query.dtype, device=query.device)
+    order = sorted(range(4), key=lambda i: query.stride(i), reverse=True)
+    strides, step = [0] * 4, 1
+    for i in reversed(order):
+        strides[i], step = step, step * shape[i]
+    return torch.empty_strided(shape, strides, dtype=query.dtype, device=query.device)
 
 
 def _wide(*tensors):

@@ -1,0 +1,65 @@
+"""What Inductor's generated wrapper code calls at run time on openreg.
+
+A compiled graph is ordinary openreg work: its buffers come from the caching allocator of the device
+the graph runs on, and its C++ kernels run as launches on that device's current stream, with the
+device memory of their tensors opened only while they run. The runtime cannot tell a compiled kernel
+from a fallback kernel: both are ``openreg.Stream.launch`` of a Python callable.
+
+Device memory is ordinary host memory that the runtime keeps closed (``PROT_NONE``) outside kernels,
+so inside a launch the raw device pointers of the tensors are valid host pointers: the C++ kernels
+take them directly (Inductor's ``cpp_pybinding`` reads ``tensor.data_ptr()``), no host views needed.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+
+import torch
+
+from torch_openreg import _C
+from torch_openreg.aten.launch import launch_extents
+
+_DEVICES: dict[int, torch.device] = {}
+_warned_graphs = False
+
+
+# LITERALINCLUDE START: GRAPH RUNTIME
+def empty_strided_openreg(size: tuple, stride: tuple, dtype: torch.dtype, index: int) -> torch.Tensor:
+    """A graph buffer on ``openreg:index``, from its caching allocator, on the current stream."""
+    device = _DEVICES.get(index)
+    if device is None:
+        device = _DEVICES[index] = torch.device("openreg", index)
+    return torch.empty_strided(size, stride, dtype=dtype, device=device)
+
+
+def launch_kernels(index: int, name: str, tensors: tuple, *calls: Callable | tuple) -> None:
+    """Queue ``calls`` (kernel, args, kernel, args, ...) as one launch on ``openreg:index``'s current stream.
+
+    ``tensors`` are every tensor the kernels touch: the launch opens their storages' pages while it runs.
+    """
+    launch_extents(index, _run_kernels, calls, extents=_C._extents(tensors), name=name)
+
+
+def _run_kernels(calls: tuple) -> None:
+    for i in range(0, len(calls), 2):
+        calls[i](*calls[i + 1])
+
+
+def warn_no_device_graphs() -> None:
+    """Once per process: ``mode="reduce-overhead"`` asked for device graphs, which openreg does not have yet."""
+    global _warned_graphs
+    if not _warned_graphs:
+        _warned_graphs = True
+        warnings.warn(
+            "torch.compile(mode='reduce-overhead') on openreg: openreg has no device graphs yet (the counterpart "
+            "of CUDA graphs, torch.accelerator.Graph capture and replay, is not built), so compiled graphs run "
+            "their kernels as ordinary stream launches. Results are the same; launch overhead is not reduced.",
+            stacklevel=2,
+        )
+
+
+def get_raw_stream(index: int) -> int:
+    """The id of ``openreg:index``'s current stream (Inductor's ``get_raw_stream``)."""
+    return torch.openreg.current_stream(index).stream_id
+# LITERALINCLUDE END: GRAPH RUNTIME

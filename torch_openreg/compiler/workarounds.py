@@ -1,0 +1,121 @@
+"""PyTorch 2.13's rough edges for an out-of-tree device in Inductor, worked around in one place.
+
+Inductor decides some things by device *type* where it means "the C++ backend" or "a device with
+streams": ``"cpu"`` stands for C++ code generation, the GPU types for devices with device guards and
+streams. Each override below changes the answer for ``"openreg"`` only, names the PyTorch code it
+covers, and can be dropped once PyTorch asks the backend instead of the device type. (The other edges
+are handled by ordinary subclassing: see ``wrapper.py``, and the docs' list of workarounds.)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+_installed: set[str] = set()
+ORIGINALS: dict[str, Any] = {}  # PyTorch's functions as they were: the tests check the edges are still there
+
+
+# LITERALINCLUDE START: WORKAROUNDS
+def install_dynamo() -> None:
+    """The overrides for Dynamo and fake tensors (once; ``torch._dynamo`` is imported)."""
+    if "dynamo" not in _installed:
+        _installed.add("dynamo")
+        _fake_tensors_keep_backend_meta()
+
+
+def install_inductor() -> None:
+    """The overrides for Inductor (once; ``torch._inductor.compile_fx`` is imported)."""
+    if "inductor" in _installed:
+        return
+    _installed.add("inductor")
+    _cpp_backend_for_openreg()
+    _loop_passes_as_on_cpu()
+    _device_guards_as_on_gpus()
+
+
+def _fake_tensors_keep_backend_meta() -> None:
+    """``FakeTensorConverter.from_real_tensor`` (torch/_subclasses/fake_tensor.py) -> keeps ``c10::BackendMeta``.
+
+    A fake tensor is built from the real tensor's sizes, strides, dtype and device, and drops what the
+    backend attached to the ``TensorImpl`` (openreg's format number, set with ``_C._set_backend_meta``).
+    Deep copies keep it (``torch._utils.set_tensor_metadata`` in ``Tensor.__deepcopy__``); this does the
+    same for the fake tensors Dynamo, AOTAutograd and export trace with, so a fake kernel can read it.
+    """
+    from torch._subclasses.fake_tensor import FakeTensorConverter
+
+    from_real_tensor = ORIGINALS["from_real_tensor"] = FakeTensorConverter.from_real_tensor
+
+    def from_real_tensor_with_backend_meta(self: FakeTensorConverter, fake_mode: Any, t: torch.Tensor,
+                                           *args: Any, **kwargs: Any) -> torch.Tensor:
+        fake = from_real_tensor(self, fake_mode, t, *args, **kwargs)
+        if t.device.type == "openreg" and type(t) is not type(fake):
+            metadata = torch._C._get_tensor_metadata(t)
+            if metadata:
+                torch._C._set_tensor_metadata(fake, metadata)
+        return fake
+
+    FakeTensorConverter.from_real_tensor = from_real_tensor_with_backend_meta
+
+
+def _cpp_backend_for_openreg() -> None:
+    """``get_current_backend`` (torch/_inductor/utils.py) -> ``"cpp"`` for openreg.
+
+    It names the code generator of a device type: ``config.cpu_backend`` for the CPU, and for every
+    device type it does not know, ``config.cuda_backend`` (``"triton"``). Kernel code generation asks it
+    (``CSEProxy`` in codegen/common.py, ``upcast_compute_type``), so C++ kernels for openreg were
+    generated with Triton's assumptions: a masked load (``torch.cat`` done pointwise, as in GPT-2's key
+    and value cache) failed with "'str' object has no attribute 'dtype'". The function is imported by
+    name into several modules; each binding is replaced.
+    """
+    from torch._inductor import scheduler, utils
+    from torch._inductor.codegen import common
+    from torch._inductor.kernel import mm_common
+
+    current_backend = ORIGINALS["get_current_backend"] = utils.get_current_backend
+
+    def current_backend_with_openreg(device_type: str | None = None) -> str:
+        if device_type is None:
+            from torch._inductor.virtualized import V
+
+            device_type = V.graph.get_current_device_or_throw().type
+        return "cpp" if device_type == "openreg" else current_backend(device_type)
+
+    for module in (utils, common, scheduler, mm_common):
+        module.get_current_backend = current_backend_with_openreg
+
+
+def _loop_passes_as_on_cpu() -> None:
+    """``BaseSchedulerNode.is_cpu`` (torch/_inductor/scheduler.py) -> also true for openreg nodes.
+
+    The scheduler uses it only to keep its SIMD loop passes away from the C++ code generation:
+    ``shared_data_after_reordering_loop`` (loop reordering), ``_try_loop_index_inversion`` and
+    ``_try_reindex_pointwise_for_reduction``. openreg uses that C++ code generation; without this,
+    fusing a reduction with a pointwise node fails inside ``_try_reindex_pointwise_for_reduction``.
+    """
+    from torch._inductor import scheduler
+
+    is_cpu = ORIGINALS["is_cpu"] = scheduler.BaseSchedulerNode.is_cpu
+
+    def is_cpu_or_openreg(self: scheduler.BaseSchedulerNode) -> bool:
+        device = self.get_device()
+        return is_cpu(self) or (device is not None and device.type == "openreg")
+
+    scheduler.BaseSchedulerNode.is_cpu = is_cpu_or_openreg
+
+
+def _device_guards_as_on_gpus() -> None:
+    """``device_need_guard`` as bound in torch/_inductor/scheduler.py -> also true for openreg.
+
+    It is ``is_gpu(device)`` (``GPU_TYPES``: cuda, xpu, mtia): only those get a device guard around
+    their kernels, and Inductor declares the streams of ``with torch.openreg.stream(s):`` regions
+    inside that guard (``EnterDeviceContextManagerWithStreamInfoLine``). Without it, a graph with a
+    stream region refers to streams it never declared. Adding openreg to ``GPU_TYPES`` instead would
+    send it down GPU (Triton) paths everywhere else.
+    """
+    from torch._inductor import scheduler
+
+    need_guard = ORIGINALS["device_need_guard"] = scheduler.device_need_guard
+    scheduler.device_need_guard = lambda device: device == "openreg" or need_guard(device)
+# LITERALINCLUDE END: WORKAROUNDS
