@@ -36,4 +36,8 @@ _multiprocessing.install()
 from . import dlpack as _dlpack  # noqa: E402
 
 _dlpack.install()
+
+from . import distributed as _distributed  # noqa: E402
+
+_distributed.register()  # the c10d backend "occl"; built when a process group uses it
 # LITERALINCLUDE END: AUTOLOAD

@@ -21,6 +21,7 @@ std::vector<std::vector<uintptr_t>> set_cpu_output_targets(const std::vector<at:
 void install_cpu_output_allocator();
 size_t cpu_outputs_held();
 void bind_kernel_scope(py::module& m);
+void bind_distributed(py::module& m);
 
 // LITERALINCLUDE START: HOST VIEW
 // A CPU tensor over the same bytes as an openreg tensor (same sizes, strides,
@@ -116,6 +117,7 @@ PYBIND11_MODULE(_C, m) {
         "skips[i] through ([] stops it); returns the previous targets' allocations of their sizes");
   m.def("_cpu_outputs_held", &openreg::cpu_outputs_held, "buffers served to this thread's CPU kernels still held");
   openreg::bind_kernel_scope(m);
+  openreg::bind_distributed(m);
   m.def("_set_backend_meta", &openreg::set_backend_meta, "attach openreg backend metadata (a format number)");
   m.def("_get_backend_meta", &openreg::get_backend_meta, "the openreg backend metadata of a tensor, or None");
   m.def("_copy_backend_meta", &openreg::copy_backend_meta, "clone src's backend metadata onto dst");
