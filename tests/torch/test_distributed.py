@@ -527,3 +527,347 @@ def test_collective_2_ranks(collectives2, name):
 @pytest.mark.parametrize("name", ALL4)
 def test_collective_4_ranks(collectives4, name):
     assert collectives4[name] is None, collectives4[name]
+
+
+# --- faults ---------------------------------------------------------------------------------------------
+def raises(match: str, fn: Callable[[], object]) -> str:
+    """Run ``fn``; it must raise a RuntimeError matching ``match`` (returned for the test to read)."""
+    import re
+
+    try:
+        fn()
+    except RuntimeError as exc:
+        assert re.search(match, str(exc), re.S), f"unexpected error: {exc}"
+        return str(exc)
+    raise AssertionError(f"no error (expected {match!r})")
+
+
+def recovers(rank: int, world: int) -> None:
+    """After a failed call, the group still moves data."""
+    t = torch.full((3,), float(rank), device=device(rank))
+    dist.all_reduce(t)
+    close(t, torch.full((3,), float(sum(range(world)))))
+
+
+@check
+def check_mismatched_sizes(rank: int, world: int) -> None:
+    t = torch.ones(10 + 2 * rank, device=device(rank))
+    dist.all_reduce(t)  # launched: the mismatch is found on the stream, reported at the next synchronize
+    raises(r"do not match.*rank 0: all_reduce float32\[10\].*rank 1: all_reduce float32\[12\]", t.cpu)
+    recovers(rank, world)
+
+
+@check
+def check_mismatched_dtypes(rank: int, world: int) -> None:
+    t = torch.ones(4, dtype=torch.float32 if rank == 0 else torch.int32, device=device(rank))  # same bytes
+    dist.broadcast(t, 0)
+    raises(r"do not match.*broadcast float32\[4\].*broadcast int32\[4\]", torch.openreg.synchronize)
+    recovers(rank, world)
+
+
+@check
+def check_mismatched_collectives(rank: int, world: int) -> None:
+    t = torch.ones(4, device=device(rank))
+    if rank == 0:
+        dist.all_reduce(t)
+    else:
+        dist.broadcast(t, 0)
+    raises("do not match.*all_reduce.*broadcast", torch.openreg.synchronize)
+    recovers(rank, world)
+
+
+@check
+def check_mismatched_splits(rank: int, world: int) -> None:
+    # rank 0 sends 1 row to rank 1, which expects 2 rows from rank 0
+    in_splits, out_splits = ([1, 1], [1, 1]) if rank == 0 else ([1, 1], [2, 1])
+    x = torch.ones(sum(in_splits), 2, device=device(rank))
+    out = torch.empty(sum(out_splits), 2, device=device(rank))
+    dist.all_to_all_single(out, x, out_splits, in_splits)
+    raises("rank 0 sends 8 bytes to rank 1, which expects 16 bytes from rank 0", torch.openreg.synchronize)
+    recovers(rank, world)
+
+
+@check
+def check_mismatched_send_recv(rank: int, world: int) -> None:
+    if rank == 0:
+        dist.send(torch.ones(10, device=device(rank)), 1)
+        torch.openreg.synchronize()  # the sender is not at fault: its data was taken off the wire
+    elif rank == 1:
+        got = torch.empty(12, device=device(rank))
+        dist.recv(got, 0)
+        raises(r"expected float32\[12\].*rank 0 sent float32\[10\]", torch.openreg.synchronize)
+    recovers(rank, world)
+
+
+@check
+def check_cpu_tensor(rank: int, world: int) -> None:
+    backend = dist.group.WORLD._get_backend(torch.device("openreg"))
+    raises("occl: all_reduce got a tensor on cpu", lambda: backend.allreduce([torch.ones(2)]))
+    group = dist.new_group(backend="occl")
+    raises("No backend type associated with device type cpu", lambda: dist.all_reduce(torch.ones(2), group=group))
+    dist.destroy_process_group(group)
+    recovers(rank, world)
+
+
+@check
+def check_destroy_frees_memory(rank: int, world: int) -> None:
+    import gc
+
+    torch.openreg.synchronize()
+    gc.collect()
+    before = [torch.openreg.memory_allocated(d) for d in range(torch.openreg.device_count())]
+    group = dist.new_group(backend="occl")
+    t = torch.ones(1 << 16, device=device(rank))
+    out = torch.empty(world << 16, device=device(rank))
+    works = [dist.all_reduce(t, group=group, async_op=True), dist.all_gather_into_tensor(out, t, group=group)]
+    bad = torch.ones(3 + rank, device=device(rank))
+    dist.all_reduce(bad, group=group)
+    with contextlib.suppress(RuntimeError):
+        torch.openreg.synchronize()
+    objs = [None] * world
+    dist.all_gather_object(objs, rank, group=group)
+    dist.destroy_process_group(group)
+    del t, out, works, bad
+    torch.openreg.synchronize()
+    gc.collect()
+    after = [torch.openreg.memory_allocated(d) for d in range(torch.openreg.device_count())]
+    assert after == before, f"device memory {before} -> {after}"
+
+
+FAULTS = ["mismatched_sizes", "mismatched_dtypes", "mismatched_collectives", "mismatched_splits",
+          "mismatched_send_recv", "cpu_tensor", "destroy_frees_memory"]
+
+
+@pytest.fixture(scope="module")
+def faults():
+    return first_failures(run_group(run_checks, 2, FAULTS))
+
+
+@pytest.mark.parametrize("name", FAULTS)
+def test_fault(faults, name):
+    assert faults[name] is None, faults[name]
+
+
+def _dead_peer(rank: int, world: int, how: str) -> tuple[float, str] | None:
+    if rank == 1:
+        if how == "exits":
+            os._exit(3)
+        time.sleep(12)  # "hangs": alive, never joins the collective (the group's timeout is 4 s)
+        return None
+    t = torch.ones(4, device=device(rank))
+    start = time.monotonic()
+    dist.all_reduce(t)
+    try:
+        t.cpu()
+    except RuntimeError as exc:
+        return time.monotonic() - start, str(exc)
+    raise AssertionError("the collective with a dead peer succeeded")
+
+
+@pytest.mark.parametrize("how", ["exits", "hangs"])
+def test_dead_peer_fails_within_the_timeout(how):
+    """A peer that is gone (or never comes) fails the collective within the group's timeout: no hang."""
+    elapsed, message = run_group(_dead_peer, 2, how, allow_exit=(1,), group_timeout=4.0, timeout=90)[0]
+    assert "occl:all_reduce on openreg:0" in message and "rank 0 of process group" in message, message
+    assert elapsed < 4.0 + 5.0, elapsed
+
+
+# --- workloads, each against the same training in one process on the CPU ---------------------------------
+def mlp(seed: int = 0) -> torch.nn.Sequential:
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Linear(32, 32), torch.nn.ReLU(),
+                               torch.nn.Linear(32, 4))
+
+
+class WithUnused(torch.nn.Module):
+    """An MLP with a layer its forward() never uses (DDP's find_unused_parameters)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = mlp()
+        self.unused = torch.nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
+def batches(steps: int, n: int = 16):
+    g = torch.Generator().manual_seed(7)
+    return [(torch.randn(n, 8, generator=g), torch.randn(n, 4, generator=g)) for _ in range(steps)]
+
+
+def train_reference(model: torch.nn.Module, data_: list, accumulate: int = 1) -> None:
+    """SGD on the whole batch in this process: what the data-parallel ranks must reproduce."""
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step, (x, y) in enumerate(data_):
+        (torch.nn.functional.mse_loss(model(x), y) / accumulate).backward()
+        if (step + 1) % accumulate == 0:
+            opt.step()
+            opt.zero_grad()
+
+
+def assert_same_parameters(model: torch.nn.Module, reference: torch.nn.Module) -> None:
+    for (name, p), (_, r) in zip(model.named_parameters(), reference.named_parameters()):
+        full = p.full_tensor() if hasattr(p, "full_tensor") else p
+        torch.testing.assert_close(full.detach().cpu(), r.detach(), rtol=1e-4, atol=1e-5,
+                                   msg=lambda m, name=name: f"{name}: {m}")
+
+
+def ddp_training(rank: int, world: int, accumulate: int = 1, unused: bool = False) -> None:
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    steps = batches(4)
+    reference = WithUnused() if unused else mlp()
+    train_reference(reference, steps, accumulate)
+    model = (WithUnused() if unused else mlp()).to(device(rank))
+    # a tiny bucket cap: the gradients travel in several buckets (several all_reduce calls per step)
+    ddp = DDP(model, bucket_cap_mb=0.002, find_unused_parameters=unused)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    per = 16 // world
+    for step, (x, y) in enumerate(steps):
+        x, y = x[rank * per:(rank + 1) * per].to(device(rank)), y[rank * per:(rank + 1) * per].to(device(rank))
+        sync = (step + 1) % accumulate == 0
+        with contextlib.nullcontext() if sync else ddp.no_sync():
+            (torch.nn.functional.mse_loss(ddp(x), y) / accumulate).backward()
+        if sync:
+            opt.step()
+            opt.zero_grad()
+    assert_same_parameters(model, reference)
+    assert len(ddp.reducer._get_zeros_like_grad_buckets()) > 1  # the gradients travelled in several buckets
+
+
+@check
+def check_ddp(rank: int, world: int) -> None:
+    ddp_training(rank, world)
+
+
+@check
+def check_ddp_no_sync(rank: int, world: int) -> None:
+    ddp_training(rank, world, accumulate=2)
+
+
+@check
+def check_ddp_find_unused_parameters(rank: int, world: int) -> None:
+    ddp_training(rank, world, unused=True)
+
+
+class Block(torch.nn.Module):
+    def __init__(self, d: int = 16) -> None:
+        super().__init__()
+        self.attn = torch.nn.MultiheadAttention(d, 2, batch_first=True)
+        self.ln1, self.ln2 = torch.nn.LayerNorm(d), torch.nn.LayerNorm(d)
+        self.mlp = torch.nn.Sequential(torch.nn.Linear(d, 4 * d), torch.nn.GELU(), torch.nn.Linear(4 * d, d))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.ln1(x)
+        x = x + self.attn(y, y, y, need_weights=False)[0]
+        return x + self.mlp(self.ln2(x))
+
+
+class Transformer(torch.nn.Module):
+    def __init__(self, vocab: int = 32, d: int = 16) -> None:
+        super().__init__()
+        self.emb = torch.nn.Embedding(vocab, d)
+        self.blocks = torch.nn.ModuleList([Block(d), Block(d)])
+        self.head = torch.nn.Linear(d, vocab)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        x = self.emb(idx)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
+@check
+def check_fsdp2_transformer(rank: int, world: int) -> None:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(0)
+    reference = Transformer()
+    model = copy.deepcopy(reference).to(device(rank))  # fully_shard keeps the module's device
+    mesh = init_device_mesh("openreg", (world,))
+    for block in model.blocks:
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    assert type(model.head.weight).__name__ == "DTensor"
+    g = torch.Generator().manual_seed(3)
+    idx, target = torch.randint(0, 32, (4, 6), generator=g), torch.randint(0, 32, (4, 6), generator=g)
+    # SGD: Adam would turn the rounding noise of gradients that are exactly zero on the CPU (the key
+    # projection's bias) into full-size steps
+    opt, ref_opt = torch.optim.SGD(model.parameters(), lr=0.1), torch.optim.SGD(reference.parameters(), lr=0.1)
+    per = 4 // world
+    for _ in range(3):
+        loss = torch.nn.functional.cross_entropy(reference(idx).flatten(0, 1), target.flatten())
+        loss.backward()
+        ref_opt.step()
+        ref_opt.zero_grad()
+        i, t = idx[rank * per:(rank + 1) * per].to(device(rank)), target[rank * per:(rank + 1) * per].to(device(rank))
+        torch.nn.functional.cross_entropy(model(i).flatten(0, 1), t.flatten()).backward()
+        opt.step()
+        opt.zero_grad()
+    assert_same_parameters(model, reference)
+
+
+@check
+def check_tensor_parallel_mlp(rank: int, world: int) -> None:
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    mesh = DeviceMesh("openreg", list(range(world)))
+    reference = mlp()
+    model = parallelize_module(copy.deepcopy(reference).to(device(rank)), mesh,
+                               {"0": ColwiseParallel(), "2": RowwiseParallel(output_layouts=Shard(1)),
+                                "4": ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate())})
+    assert type(model[0].weight).__name__ == "DTensor"
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(5))
+    out = model(x.to(device(rank)))
+    expected = reference(x)
+    close(out, expected.detach())
+    out.sum().backward()
+    expected.sum().backward()
+    for i in (0, 2, 4):
+        torch.testing.assert_close(model[i].weight.grad.full_tensor().cpu(), reference[i].weight.grad)
+    whole = torch.arange(24.0).reshape(6, 4)
+    sharded = distribute_tensor(whole.to(device(rank)), mesh, [Shard(0)])
+    close(sharded.redistribute(mesh, [Replicate()]).to_local(), whole)
+    close((sharded * 2).sum().full_tensor(), (whole * 2).sum())
+
+
+@check
+def check_distributed_checkpoint(rank: int, world: int) -> None:
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    store = dist.distributed_c10d._get_default_store()
+    if rank == 0:
+        store.set("dcp_dir", tempfile.mkdtemp(prefix="occl-dcp-"))
+    path = store.get("dcp_dir").decode()
+    mesh = init_device_mesh("openreg", (world,))
+    saved = fully_shard(Transformer().to(device(rank)), mesh=mesh)
+    dcp.save({"model": get_model_state_dict(saved)}, checkpoint_id=path)
+    torch.manual_seed(99)
+    loaded = fully_shard(Transformer().to(device(rank)), mesh=mesh)
+    state = {"model": get_model_state_dict(loaded)}
+    dcp.load(state, checkpoint_id=path)
+    set_model_state_dict(loaded, state["model"])
+    for (name, a), (_, b) in zip(saved.state_dict().items(), loaded.state_dict().items()):
+        assert a.to_local().device.type == "openreg"
+        torch.testing.assert_close(a.full_tensor().cpu(), b.full_tensor().cpu(), msg=name)
+
+
+WORKLOADS = ["ddp", "ddp_no_sync", "ddp_find_unused_parameters", "fsdp2_transformer", "tensor_parallel_mlp",
+             "distributed_checkpoint"]
+
+
+@pytest.fixture(scope="module")
+def workloads():
+    return first_failures(run_group(run_checks, 2, WORKLOADS, timeout=300))
+
+
+@pytest.mark.parametrize("name", WORKLOADS)
+def test_workload(workloads, name):
+    assert workloads[name] is None, workloads[name]
