@@ -131,6 +131,8 @@ def run_checks(rank: int, world: int, names: list[str]) -> dict[str, str | None]
         try:
             CHECKS[name](rank, world)
             torch.openreg.synchronize()
+            registered = torch._C._distributed_c10d._get_work_registry_size()
+            assert registered == 0, f"{registered} works of functional collectives were never waited for"
             results[name] = None
         except Exception:  # noqa: BLE001 - reported per check
             results[name] = traceback.format_exc()

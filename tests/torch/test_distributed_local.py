@@ -257,3 +257,17 @@ def test_other_device_launches_there(group, two_devices, launches):
     torch.openreg.synchronize(1)
     assert ("occl:all_reduce", 1, 0) in launches
     assert openreg.get_device() == 0
+
+
+def test_ddp_runtime_statistics(group):
+    """DDP times forward, backward and communication on openreg through the registered device Timer."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    torch.manual_seed(0)
+    ddp = DDP(torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4)).to("openreg"))
+    ddp._set_ddp_runtime_logging_sample_rate(1)
+    for _ in range(3):
+        ddp(torch.randn(2, 8, device="openreg")).sum().backward()
+    stats = ddp._get_ddp_logging_data()
+    for key in ("avg_forward_compute_time", "avg_backward_compute_time", "avg_backward_comm_time"):
+        assert stats.get(key, 0) > 0, (key, stats)
