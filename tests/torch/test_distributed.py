@@ -438,8 +438,9 @@ def check_object_collectives(rank: int, world: int) -> None:
 @check
 def check_functional_collectives(rank: int, world: int) -> None:
     """torch.distributed._functional_collectives (DTensor, FSDP2) reach occl through the C++ Backend."""
-    import openreg
     import torch.distributed._functional_collectives as funcol
+
+    import openreg
 
     launched = []
 
@@ -873,3 +874,13 @@ def workloads():
 @pytest.mark.parametrize("name", WORKLOADS)
 def test_workload(workloads, name):
     assert workloads[name] is None, workloads[name]
+
+
+def test_torchrun_example():
+    """examples/distributed_train.py under torchrun: DDP on 2 ranks matches the CPU (the documented command)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                          str(ROOT / "examples" / "distributed_train.py"), "--steps", "3"],
+                         capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
+    assert "ok: 2 ranks on openreg match the single-process CPU training after 3 steps" in out.stdout

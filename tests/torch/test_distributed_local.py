@@ -16,11 +16,10 @@ from datetime import timedelta
 import pytest
 import torch
 import torch.distributed as dist
+from conftest import ROOT  # noqa: I001 - tests/torch/conftest.py
 
 import openreg
 from torch_openreg.aten.launch import launch
-
-from conftest import ROOT  # noqa: I001 - tests/torch/conftest.py
 
 
 @pytest.fixture

@@ -28,7 +28,7 @@ import torch
 import openreg
 from torch_openreg.aten.launch import host_views, launch
 
-from .checks import Header, MismatchError, Signature, describe
+from .checks import Checker, Header, MismatchError, Signature, describe
 from .transport import Transport
 from .work import Coalesced, Work
 
@@ -92,6 +92,7 @@ class OCCL:
     def __init__(self, store, rank: int, size: int, timeout: timedelta, group: str) -> None:
         self.rank, self.size, self.group = rank, size, group
         self.transport = Transport(store, rank, size, timeout)
+        self.checker = Checker(self.transport, group)
         self._lock = threading.Lock()  # launches of this group: tickets, ctrl exchanges and launches in one order
         self._coalesced: list | None = None  # (name, device, ops, outputs, work) while coalescing
         self._last: dict[int, openreg.Event] = {}  # per device, the end of the last collective launched
@@ -119,19 +120,26 @@ class OCCL:
                 tensors = [t for op in ops for t in op.tensors]
                 stream, _ = launch(device, self._kernel, name, ticket, ops, work, tensors=tensors, name=f"occl:{name}")
             except BaseException:
-                self.transport.release(ticket)
+                self._withdraw(ops, ticket)
                 raise
             work.record(stream)
             self._last[device] = work.event
         return work
 
+    def _withdraw(self, ops: list[_Op], ticket: int) -> None:
+        """A launch failed after its ops were numbered: give their places up, so no peer waits for them."""
+        self.transport.release(ticket)
+        for op in ops:
+            if op.signature is not None and op.check is not None:
+                self.checker.withdraw(op.check)
+
     def _start(self, ops: list[_Op]) -> None:
-        """At launch, on the host: send each op's description to the peers (gloo runs it meanwhile)."""
+        """At launch, on the host: number each collective for the checks against the peers."""
         if self._closed:
             raise RuntimeError(f"occl: process group {self.group!r} was destroyed")
         for op in ops:
             if op.signature is not None:
-                op.check = self.transport.exchange(op.signature.buffer)
+                op.check = self.checker.add(op.signature)
 
     def _kernel(self, name: str, ticket: int, ops: list[_Op], work: Work) -> None:
         """On the stream: in ticket order, check against the peers and issue; then wait, GIL released."""
@@ -162,13 +170,13 @@ class OCCL:
         if op.verify is not None:
             op.verify()
         elif op.check is not None:
-            handle, buffers = op.check
             try:
-                handle.wait()
+                self.checker.verify(op.check)
+            except MismatchError:
+                raise
             except RuntimeError as exc:
                 raise TransportError(f"occl: rank {self.rank} of process group {self.group!r} could not reach its "
                                      f"peers (a peer exited or timed out): {exc}") from exc
-            Signature.verify(buffers, self.group)
 
     # --- coalescing (batch_isend_irecv, _coalescing_manager): one kernel for many calls ----------
     def start_coalescing(self) -> None:
@@ -195,7 +203,7 @@ class OCCL:
                 stream, _ = launch(device, self._kernel, work.name, ticket, ops, work, tensors=tensors,
                                    name="occl:coalesced")
             except BaseException:
-                self.transport.release(ticket)
+                self._withdraw(ops, ticket)
                 raise
             work.record(stream)
             self._last[device] = work.event

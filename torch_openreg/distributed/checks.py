@@ -1,67 +1,128 @@
-"""Every rank checks each call against its peers before any data moves.
+"""Every rank checks each collective against its peers before any data moves.
 
 Gloo trusts its callers: ranks that pass different sizes to one collective get corrupted data,
 or an ``EnforceNotMet`` thrown on gloo's own thread that aborts the process. So each collective
-carries a small description, exchanged on the ``ctrl`` context when the call is launched
-(asynchronously, in program order, overlapping whatever the stream is still doing), and the
-kernel compares the descriptions of all ranks before it issues the transfer. Every rank sees the
-same descriptions, so every rank makes the same decision: all run the transfer, or all raise.
+is described when it is launched (:class:`Signature`), and its kernel compares the descriptions of
+all ranks before it issues the transfer. Every rank sees the same descriptions, so every rank makes
+the same decision: all run the transfer, or all raise.
 
-A description has three parts: a digest of what must be equal on every rank (operation, dtype,
-element count, reduce operation, root), the bytes this rank sends to and expects from each peer
-(for the uneven collectives: all_to_all, all_gather of lists), and readable text for the message.
-Point-to-point calls send a header ahead of the data instead (:class:`Header`).
+The descriptions travel on the transport's ``ctrl`` context in *windows* (:class:`Checker`): the
+first kernel that needs an unchecked collective exchanges the descriptions of every collective its
+rank has launched from there on (up to :data:`WINDOW`), and the collectives that every rank had
+launched are settled at once. A loop of collectives pays one small exchange for many of them.
+Point-to-point calls send a header ahead of their data instead (:class:`Header`).
 """
 
 from __future__ import annotations
 
 import hashlib
+import struct
 from collections.abc import Sequence
 
 import torch
 
-_TEXT = 240  # bytes of readable description kept per rank
+WINDOW = 32  # collectives settled by one exchange, at most
+_TEXT = 240  # bytes of readable description, exchanged only to explain a mismatch
 _DIGEST = 16
+_WITHDRAWN = "(nothing: the call failed when it was launched)"
 
 
 class MismatchError(RuntimeError):
     """Ranks called one collective with arguments that do not fit together."""
 
 
+def _digest(text: str) -> bytes:
+    return hashlib.blake2b(text.encode(), digest_size=_DIGEST).digest()
+
+
 class Signature:
-    """What one rank passes to one collective, as the bytes exchanged with its peers."""
+    """One rank's collective: a digest of what must be equal on every rank (operation, dtype, count,
+    reduce operation, root), the bytes it sends to and expects from each peer (uneven collectives),
+    and readable text for a mismatch message."""
+
+    __slots__ = ("record", "text")
 
     def __init__(self, same: str, text: str | None = None, sends: Sequence[int] | None = None,
                  recvs: Sequence[int] | None = None, size: int = 1) -> None:
-        pairs = torch.full((2, size), -1, dtype=torch.int64)
-        if sends is not None:
-            pairs[0] = torch.tensor(list(sends), dtype=torch.int64)
-            pairs[1] = torch.tensor(list(recvs), dtype=torch.int64)
-        self.buffer = torch.cat([
-            pairs.view(-1).view(torch.uint8),
-            torch.frombuffer(bytearray(hashlib.blake2b(same.encode(), digest_size=_DIGEST).digest()),
-                             dtype=torch.uint8),
-            _text(text or same),
-        ])
+        pairs = [*sends, *recvs] if sends is not None else [-1] * (2 * size)
+        self.record = _digest(same) + struct.pack(f"<{2 * size}q", *pairs)
+        self.text = text or same
 
     @staticmethod
-    def verify(buffers: Sequence[torch.Tensor], group: str) -> None:
-        """Raise :class:`MismatchError` unless the ranks' descriptions fit together."""
-        size = len(buffers)
-        pairs = [b[: 16 * size].view(torch.int64).view(2, size) for b in buffers]
-        digests = [bytes(b[16 * size: 16 * size + _DIGEST].tolist()) for b in buffers]
-        texts = [_read(b[16 * size + _DIGEST:]) for b in buffers]
-        calls = "; ".join(f"rank {i}: {t}" for i, t in enumerate(texts))
-        if len(set(digests)) > 1:
-            raise MismatchError(f"occl: ranks of process group {group!r} called collectives that do not match "
-                                f"(sizes, dtypes, operation or root differ): {calls}")
-        for i in range(size):
-            for j in range(size):
-                sent, expected = int(pairs[i][0, j]), int(pairs[j][1, i])
-                if sent >= 0 and expected >= 0 and sent != expected:
-                    raise MismatchError(
-                        f"occl: rank {i} sends {sent} bytes to rank {j}, which expects {expected} bytes from "
-                        f"rank {i} (process group {group!r}): {calls}")
+    def withdrawn(size: int) -> Signature:
+        """The place of a collective whose launch failed on this rank (its peers then fail clearly)."""
+        return Signature("(withdrawn)", _WITHDRAWN, size=size)
+
+
+def compare(records: Sequence[bytes], size: int) -> str | None:
+    """Why the ranks' records of one collective do not fit together, or None."""
+    if len({r[:_DIGEST] for r in records}) > 1:
+        return "called collectives that do not match (sizes, dtypes, operation or root differ)"
+    pairs = [struct.unpack(f"<{2 * size}q", r[_DIGEST:]) for r in records]
+    for i in range(size):
+        for j in range(size):
+            sent, expected = pairs[i][j], pairs[j][size + i]
+            if sent >= 0 and expected >= 0 and sent != expected:
+                return f"disagree on sizes: rank {i} sends {sent} bytes to rank {j}, which expects {expected} bytes " \
+                       f"from rank {i}"
+    return None
+
+
+# LITERALINCLUDE START: OCCL CHECKER
+class Checker:
+    """The collectives of one process group, numbered at launch and settled in windows.
+
+    :meth:`add` runs at launch (under the group's launch lock), :meth:`verify` in kernels, which
+    hold their turn (:meth:`.Transport.turn`): windows are exchanged in the same order on every
+    rank, each starting at the first collective not yet settled.
+    """
+
+    def __init__(self, transport, group: str) -> None:
+        self.transport, self.group, self.size = transport, group, transport.size
+        self.record_size = _DIGEST + 16 * self.size
+        self._launched: dict[int, Signature] = {}  # number -> signature, until settled
+        self._settled: dict[int, str | None] = {}  # number -> mismatch message, until its kernel asks
+        self._next = 0
+
+    def add(self, signature: Signature) -> int:
+        """Number the collective just launched (in program order, the same on every rank)."""
+        number, self._next = self._next, self._next + 1
+        self._launched[number] = signature
+        return number
+
+    def withdraw(self, number: int) -> None:
+        """Collective ``number`` failed to launch here: its peers will find it missing and raise."""
+        self._launched[number] = Signature.withdrawn(self.size)
+
+    def verify(self, number: int) -> None:
+        """Raise :class:`MismatchError` unless collective ``number`` fits its peers' calls."""
+        while number not in self._settled:  # earlier numbers are settled already, but for withdrawn ones
+            self._exchange(min(self._launched))
+        problem = self._settled.pop(number)
+        if problem is not None:
+            raise MismatchError(problem)
+
+    def _exchange(self, start: int) -> None:
+        window = []
+        while start + len(window) in self._launched and len(window) < WINDOW:
+            window.append(self._launched[start + len(window)])
+        mine = bytearray(8 + WINDOW * self.record_size)
+        struct.pack_into("<q", mine, 0, len(window))
+        for i, signature in enumerate(window):
+            mine[8 + i * self.record_size: 8 + (i + 1) * self.record_size] = signature.record
+        theirs = self.transport.exchange(mine)
+        settled = min(struct.unpack_from("<q", b)[0] for b in theirs)  # launched on every rank
+        for i in range(settled):
+            records = [b[8 + i * self.record_size: 8 + (i + 1) * self.record_size] for b in theirs]
+            problem = compare(records, self.size)
+            if problem is not None:  # every rank sees it: every rank asks for the texts, in the same order
+                texts = self.transport.exchange(window[i].text.encode()[:_TEXT].ljust(_TEXT, b"\0"))
+                calls = "; ".join(f"rank {r}: {_read(t)}" for r, t in enumerate(texts))
+                problem = f"occl: ranks of process group {self.group!r} {problem}: {calls}"
+            if window[i].text != _WITHDRAWN:
+                self._settled[start + i] = problem
+            del self._launched[start + i]
+# LITERALINCLUDE END: OCCL CHECKER
 
 
 class Header:
@@ -73,12 +134,8 @@ class Header:
         self.nbytes = t.numel() * t.element_size()
         same = f"{_dtype(t)}[{t.numel()}]"
         self.text = f"{same} ({self.nbytes} bytes)"
-        self.buffer = torch.cat([
-            torch.tensor([self.nbytes], dtype=torch.int64).view(torch.uint8),
-            torch.frombuffer(bytearray(hashlib.blake2b(same.encode(), digest_size=_DIGEST).digest()),
-                             dtype=torch.uint8),
-            _text(self.text),
-        ])
+        raw = struct.pack("<q", self.nbytes) + _digest(same) + self.text.encode()[:_TEXT].ljust(_TEXT, b"\0")
+        self.buffer = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
 
     @staticmethod
     def empty() -> torch.Tensor:
@@ -86,9 +143,10 @@ class Header:
 
     def mismatch(self, received: torch.Tensor) -> tuple[int, str] | None:
         """``(bytes sent, their description)`` if ``received`` does not fit this receive, else None."""
-        if bytes(received[:8 + _DIGEST].tolist()) == bytes(self.buffer[:8 + _DIGEST].tolist()):
+        raw = bytes(received.tolist())
+        if raw[:8 + _DIGEST] == bytes(self.buffer[:8 + _DIGEST].tolist()):
             return None
-        return int(received[:8].view(torch.int64)), _read(received[8 + _DIGEST:])
+        return struct.unpack_from("<q", raw)[0], _read(raw[8 + _DIGEST:])
 
 
 def describe(t: torch.Tensor) -> str:
@@ -96,14 +154,9 @@ def describe(t: torch.Tensor) -> str:
     return f"{_dtype(t)}{list(t.shape)}"
 
 
+def _read(raw: bytes) -> str:
+    return raw.rstrip(b"\0").decode(errors="replace")
+
+
 def _dtype(t: torch.Tensor) -> str:
     return str(t.dtype).removeprefix("torch.")
-
-
-def _text(text: str) -> torch.Tensor:
-    raw = text.encode()[:_TEXT].ljust(_TEXT, b"\0")
-    return torch.frombuffer(bytearray(raw), dtype=torch.uint8)
-
-
-def _read(raw: torch.Tensor) -> str:
-    return bytes(raw.tolist()).rstrip(b"\0").decode(errors="replace")

@@ -4,17 +4,17 @@ This is the part a vendor replaces with its own collective library. Every method
 tensors (inside a kernel: host views of device memory) and *issues* one transfer, returning a
 handle with ``wait()``; nothing here knows about devices or streams.
 
-Two gloo contexts are used. ``data`` carries the tensors and is issued from kernels, when they
-run; ``ctrl`` carries the small descriptions that let every rank check a call against its peers
-before any data moves, and is issued on the host at launch time, in program order. Gloo matches
-collectives by the order they are issued in, and kernels on different streams may run in any
-order, so a ticket taken at launch decides the order in which kernels issue on ``data``
-(:meth:`Transport.turn`).
+Two gloo contexts are used: ``data`` carries the tensors, ``ctrl`` the small descriptions that let
+every rank check a call against its peers before any data moves (:mod:`.checks`) and the headers
+of point-to-point calls. Gloo matches collectives by the order they are issued in, and kernels on
+different streams may run in any order, so a ticket taken at launch decides the order in which
+kernels issue (:meth:`Transport.turn`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import threading
 from collections.abc import Iterator, Sequence
 from datetime import timedelta
@@ -53,17 +53,19 @@ class Transport:
         self.data = ProcessGroupGloo(PrefixStore("occl/data/", store), rank, size, timeout)
         self.ctrl = ProcessGroupGloo(PrefixStore("occl/ctrl/", store), rank, size, timeout)
         self._cond = threading.Condition()
-        self._tickets = 0  # next ticket to hand out
+        self._tickets = itertools.count()  # launches take them under their group's launch lock
         self._turn = 0  # ticket whose kernel may issue now
         self._released: set[int] = set()  # tickets that finished issuing (or will never issue)
         self._closed = False
 
     # LITERALINCLUDE START: OCCL TURNS
     def ticket(self) -> int:
-        """The next place in the order of issue (taken at launch, in program order)."""
-        with self._cond:
-            self._tickets += 1
-            return self._tickets - 1
+        """The next place in the order of issue (taken at launch, in program order).
+
+        Lock-free on purpose: a launch must never wait for a lock a kernel holds (on a loaded
+        machine, a kernel thread preempted while holding one stalls the host for a time slice).
+        """
+        return next(self._tickets)
 
     def release(self, ticket: int) -> None:
         """``ticket`` has issued its transfers (or never will): let the next one go."""
@@ -103,11 +105,14 @@ class Transport:
             with contextlib.suppress(Exception):
                 pg.shutdown()
 
-    # --- ctrl: small host buffers, issued at launch ---------------------------------------------
-    def exchange(self, mine: torch.Tensor, timeout_ms: int = -1):
-        """All-gather one small uint8 buffer per rank; returns ``(handle, [buffer of rank i])``."""
-        out = [torch.empty_like(mine) for _ in range(self.size)]
-        return self.ctrl.allgather([out], [mine], _opts(AllgatherOptions, timeout_ms)), out
+    # --- ctrl: small host buffers --------------------------------------------------------------
+    def exchange(self, mine: bytes | bytearray) -> list[bytes]:
+        """All-gather one small buffer per rank (every rank's of the same length); waits for it."""
+        n = len(mine)
+        out = bytearray(self.size * n)
+        self.ctrl._allgather_base(torch.frombuffer(out, dtype=torch.uint8),
+                                  torch.frombuffer(bytearray(mine), dtype=torch.uint8)).wait()
+        return [bytes(out[i * n:(i + 1) * n]) for i in range(self.size)]
 
     def send_header(self, header: torch.Tensor, dst: int, tag: int):
         return self.ctrl.send([header], dst, tag)

@@ -2,7 +2,7 @@
 
 ``wait()`` makes the caller's current stream wait for that point and returns at once: the host
 only blocks when asked (a timeout, ``OCCL_BLOCKING_WAIT=1``, or a barrier, whose point is to
-hold the host). ``get_future()`` is completed at launch and carries stream events, so
+hold the host). ``get_future()`` is complete and carries events of the collective's stream, so
 ``value()`` and callbacks are ordered on the stream too (what DDP's communication hooks use).
 A collective that fails reports like any kernel: at the next synchronizing call, as an
 ``OpenRegError`` whose cause is the transport's error; the Work also keeps the error.
@@ -37,10 +37,6 @@ class Work:
         """Mark the launch just made on ``stream`` (the caller's current stream) as this work's end."""
         self.stream = stream
         self.event.record(stream)
-        # A future completed now, over stream events: value() makes the caller's stream wait, the
-        # way ProcessGroupNCCL's futures do (c10::ivalue::Future with devices, through the guard).
-        self._future = torch.futures.Future(devices=[torch.device("openreg", self.device)])
-        self._future.set_result(self.outputs)
 
     def wait(self, timeout_ms: int = 0) -> bool:
         """Order the caller's current stream after the collective; block the host only if asked."""
@@ -87,8 +83,21 @@ class Work:
     def result(self) -> list[torch.Tensor]:
         return self.outputs
 
+    # LITERALINCLUDE START: OCCL FUTURE
     def get_future(self) -> torch.futures.Future:
+        """A future that is complete, over events on the collective's stream: ``value()`` and callbacks
+        make the caller's stream wait, the way ProcessGroupNCCL's futures do (``c10::ivalue::Future``
+        with devices records and blocks on events through the device guard)."""
+        if self._future is None:
+            future = torch.futures.Future(devices=[torch.device("openreg", self.device)])
+            previous = openreg.set_stream(self.stream)  # set_result records on the current stream
+            try:
+                future.set_result(self.outputs)
+            finally:
+                openreg.set_stream(previous)
+            self._future = future
         return self._future
+    # LITERALINCLUDE END: OCCL FUTURE
 
     def abort(self) -> None:
         """Nothing to cancel: a launched collective runs (or fails on the transport's timeout)."""
@@ -103,7 +112,13 @@ class Coalesced(Work):
 
     def join(self, group: Work) -> None:
         self.group = group
-        self.event, self.stream, self._future = group.event, group.stream, group._future
+        self.event, self.stream = group.event, group.stream
+
+    def get_future(self) -> torch.futures.Future:
+        if self.group is None:
+            raise RuntimeError(f"occl: {self.name} was called inside a coalescing group; its future exists once "
+                               "the group ends")
+        return self.group.get_future()
 
     def synchronize(self) -> None:
         if self.group is None:
