@@ -48,10 +48,12 @@ def interleave(cases: dict, repeat: int, number: int) -> dict[str, float]:
         fn()
         sync()
     samples: dict[str, list[float]] = {name: [] for name in cases}
-    for _ in range(repeat):
-        for name, (fn, sync) in cases.items():
+    names = list(cases)
+    for i in range(repeat):
+        for name in names if i % 2 == 0 else names[::-1]:  # alternate the order: neither always runs first
+            fn, sync = cases[name]
             samples[name] += _timed(fn, sync, 1, number)
-    if os.environ.get("OCCL_BENCH_SAMPLES"):
+    if os.environ.get("OCCL_BENCH_SAMPLES") and dist.get_rank() == 0:  # every sample, to see the spread
         print({name: [round(v * 1e3, 2) for v in s] for name, s in samples.items()}, flush=True)
     return {name: statistics.median(s) for name, s in samples.items()}
 
@@ -63,7 +65,7 @@ def allreduce_bandwidth(rank: int, world: int, sizes: list[int], repeat: int) ->
     rows = []
     for size in sizes:
         cpu, dev = torch.ones(size // 4), torch.ones(size // 4, device=device)
-        number = max(2, min(20, (64 * MB) // size))
+        number = max(2, min(40, (64 * MB) // size))
         t = interleave({
             "gloo": (lambda cpu=cpu: dist.all_reduce(cpu), lambda: None),
             "occl": (lambda dev=dev: dist.all_reduce(dev), torch.openreg.synchronize),
@@ -117,7 +119,7 @@ def _rank(rank: int, world: int, init: str, quick: bool) -> None:
     dist.init_process_group("cpu:gloo,openreg:occl", init_method=f"file://{init}", rank=rank, world_size=world,
                             timeout=timedelta(seconds=300))
     sizes = [1 * MB, 4 * MB] if quick else [1 * MB, 4 * MB, 16 * MB, 64 * MB, 256 * MB]
-    repeat = 2 if quick else 7
+    repeat = 2 if quick else 11
     bandwidth = allreduce_bandwidth(rank, world, sizes, repeat)
     step = ddp_step(rank, world, 256 if quick else 1024, repeat)
     if rank == 0:

@@ -884,3 +884,16 @@ def test_torchrun_example():
                          capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
     assert "ok: 2 ranks on openreg match the single-process CPU training after 3 steps" in out.stdout
+
+
+def test_benchmark_quick_mode():
+    """``python -m benchmarks.distributed --quick`` runs both measurements (how fast is not checked here)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    out = subprocess.run([sys.executable, "-m", "benchmarks.distributed", "--quick"], capture_output=True, text=True,
+                         timeout=300, cwd=ROOT, env=env)
+    assert out.returncode == 0, out.stderr[-4000:]
+    for row in ("| 1 MB |", "| 4 MB |", "| MLP "):
+        assert row in out.stdout, out.stdout
+    ratios = [float(line.split("|")[4].strip().rstrip("x")) for line in out.stdout.splitlines()
+              if line.startswith("| 1 MB") or line.startswith("| MLP")]
+    assert len(ratios) == 2 and all(r > 0 for r in ratios)

@@ -101,8 +101,8 @@ class OCCL:
     # LITERALINCLUDE START: OCCL SUBMIT
     def _submit(self, name: str, device: int, ops: list[_Op], outputs: list[torch.Tensor],
                 blocking: bool = False) -> Work:
-        """Describe ``ops`` to the peers, take a ticket and launch them as one kernel on the current stream."""
-        if self._coalesced is not None:
+        """Number ``ops`` for the checks, take a ticket and launch them as one kernel on the current stream."""
+        if self._coalesced is not None:  # launched later, with the whole group (end_coalescing)
             work = Coalesced(name, device, outputs)
             for op in ops:
                 op.work = work
@@ -115,16 +115,20 @@ class OCCL:
             op.work = work
         with self._lock:
             self._start(ops)
-            ticket = self.transport.ticket()
-            try:
-                tensors = [t for op in ops for t in op.tensors]
-                stream, _ = launch(device, self._kernel, name, ticket, ops, work, tensors=tensors, name=f"occl:{name}")
-            except BaseException:
-                self._withdraw(ops, ticket)
-                raise
-            work.record(stream)
-            self._last[device] = work.event
+            self._launch(device, ops, work, f"occl:{name}")
         return work
+
+    def _launch(self, device: int, ops: list[_Op], work: Work, kernel_name: str) -> None:
+        """Queue the kernel on the device's current stream (under the launch lock) and mark its end."""
+        ticket = self.transport.ticket()
+        try:
+            tensors = [t for op in ops for t in op.tensors]
+            stream, _ = launch(device, self._kernel, work.name, ticket, ops, work, tensors=tensors, name=kernel_name)
+        except BaseException:
+            self._withdraw(ops, ticket)
+            raise
+        work.record(stream)
+        self._last[device] = work.event
 
     def _withdraw(self, ops: list[_Op], ticket: int) -> None:
         """A launch failed after its ops were numbered: give their places up, so no peer waits for them."""
@@ -196,17 +200,7 @@ class OCCL:
         names = ",".join(dict.fromkeys(call[0] for call in calls)) or "nothing"
         work = Work(f"coalesced({names})", device, outputs)
         with self._lock:
-            ticket = self.transport.ticket()
-            ops = [op for call in calls for op in call[2]]
-            try:
-                tensors = [t for op in ops for t in op.tensors]
-                stream, _ = launch(device, self._kernel, work.name, ticket, ops, work, tensors=tensors,
-                                   name="occl:coalesced")
-            except BaseException:
-                self._withdraw(ops, ticket)
-                raise
-            work.record(stream)
-            self._last[device] = work.event
+            self._launch(device, [op for call in calls for op in call[2]], work, "occl:coalesced")
         for call in calls:
             call[4].join(work)
         return work
@@ -520,20 +514,26 @@ class OCCL:
         ops = [self._allgather_into_op(name, o, i, timeout_ms) for o, i in zip(outputs, inputs)]
         return self._submit(name, device, ops, list(outputs))
 
+    def _root_list(self, name: str, lists: Sequence[Sequence[torch.Tensor]], what: str, t: torch.Tensor,
+                   root: int) -> list[torch.Tensor]:
+        """The root's one tensor per rank (each like ``t``) of a gather or scatter; nothing elsewhere."""
+        if self.rank != root:
+            if any(len(part) for part in lists):
+                raise RuntimeError(f"occl: {name} takes {what}s on the root rank ({root}) only")
+            return []
+        tensors = list(self._one(name, lists))
+        if len(tensors) != self.size:
+            raise RuntimeError(f"occl: {name} needs one {what} per rank ({self.size}) on the root, got {len(tensors)}")
+        self._same(name, t, tensors, what, t.numel())
+        return tensors
+
     def gather(self, outputs: Sequence[Sequence[torch.Tensor]], inputs: Sequence[torch.Tensor], root: int,
                timeout_ms: int) -> Work:
         name = "gather"
         device = self._device(name, inputs, *outputs)
         t = self._one(name, inputs)
         self._root(name, root)
-        outs: list[torch.Tensor] = []
-        if self.rank == root:
-            outs = list(self._one(name, outputs))
-            if len(outs) != self.size:
-                raise RuntimeError(f"occl: {name} needs one output per rank ({self.size}) on the root, got {len(outs)}")
-            self._same(name, t, outs, "output", t.numel())
-        elif any(len(o) for o in outputs):
-            raise RuntimeError(f"occl: {name} takes outputs on the root rank ({root}) only")
+        outs = self._root_list(name, outputs, "output", t, root)
 
         def issue(views: list, handles: list):
             src = _Host(views[0], raw=True)
@@ -554,14 +554,7 @@ class OCCL:
         device = self._device(name, outputs, *inputs)
         t = self._one(name, outputs)
         self._root(name, root)
-        ins: list[torch.Tensor] = []
-        if self.rank == root:
-            ins = list(self._one(name, inputs))
-            if len(ins) != self.size:
-                raise RuntimeError(f"occl: {name} needs one input per rank ({self.size}) on the root, got {len(ins)}")
-            self._same(name, t, ins, "input", t.numel())
-        elif any(len(i) for i in inputs):
-            raise RuntimeError(f"occl: {name} takes inputs on the root rank ({root}) only")
+        ins = self._root_list(name, inputs, "input", t, root)
 
         def issue(views: list, handles: list):
             dst = _Host(views[0], raw=True, load=False)
@@ -709,6 +702,7 @@ def _drain(handles: list) -> None:
             pass
 
 
+# LITERALINCLUDE START: OCCL CREATE
 def create(options, backend_options=None):
     """The creator ``Backend.register_backend`` calls (extended API): a C++ Backend over :class:`OCCL`."""
     from torch_openreg import _C
@@ -716,3 +710,4 @@ def create(options, backend_options=None):
     timeout = options.timeout if isinstance(options.timeout, timedelta) else timedelta(seconds=options.timeout)
     impl = OCCL(options.store, options.group_rank, options.group_size, timeout, options.group_id)
     return _C._occl_backend(impl, options.group_rank, options.group_size, int(timeout.total_seconds() * 1000))
+# LITERALINCLUDE END: OCCL CREATE

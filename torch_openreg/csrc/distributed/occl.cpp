@@ -214,6 +214,7 @@ class PyBackend final : public c10d::Backend {
 
 } // namespace
 
+// LITERALINCLUDE START: OCCL BIND
 void bind_distributed(py::module& m) {
   m.def(
       "_occl_backend",
@@ -222,5 +223,6 @@ void bind_distributed(py::module& m) {
       },
       "a c10d::Backend forwarding every collective to the Python object impl");
 }
+// LITERALINCLUDE END: OCCL BIND
 
 } // namespace openreg
