@@ -545,6 +545,12 @@ def raises(match: str, fn: Callable[[], object]) -> str:
     raise AssertionError(f"no error (expected {match!r})")
 
 
+def then_sync(call: Callable, *args) -> None:
+    """``call(*args)``, then a synchronize: an error found on the stream surfaces by the end."""
+    call(*args)
+    torch.openreg.synchronize()
+
+
 def recovers(rank: int, world: int) -> None:
     """After a failed call, the group still moves data."""
     t = torch.full((3,), float(rank), device=device(rank))
@@ -555,27 +561,24 @@ def recovers(rank: int, world: int) -> None:
 @check
 def check_mismatched_sizes(rank: int, world: int) -> None:
     t = torch.ones(10 + 2 * rank, device=device(rank))
-    dist.all_reduce(t)  # launched: the mismatch is found on the stream, reported at the next synchronize
-    raises(r"do not match.*rank 0: all_reduce float32\[10\].*rank 1: all_reduce float32\[12\]", t.cpu)
+    # found on the stream, reported at the next synchronize (at the call with OPENREG_LAUNCH_BLOCKING=1)
+    raises(r"do not match.*rank 0: all_reduce float32\[10\].*rank 1: all_reduce float32\[12\]",
+           lambda: (dist.all_reduce(t), t.cpu()))
     recovers(rank, world)
 
 
 @check
 def check_mismatched_dtypes(rank: int, world: int) -> None:
     t = torch.ones(4, dtype=torch.float32 if rank == 0 else torch.int32, device=device(rank))  # same bytes
-    dist.broadcast(t, 0)
-    raises(r"do not match.*broadcast float32\[4\].*broadcast int32\[4\]", torch.openreg.synchronize)
+    raises(r"do not match.*broadcast float32\[4\].*broadcast int32\[4\]", lambda: then_sync(dist.broadcast, t, 0))
     recovers(rank, world)
 
 
 @check
 def check_mismatched_collectives(rank: int, world: int) -> None:
     t = torch.ones(4, device=device(rank))
-    if rank == 0:
-        dist.all_reduce(t)
-    else:
-        dist.broadcast(t, 0)
-    raises("do not match.*all_reduce.*broadcast", torch.openreg.synchronize)
+    raises("do not match.*all_reduce.*broadcast",
+           lambda: then_sync(dist.all_reduce, t) if rank == 0 else then_sync(dist.broadcast, t, 0))
     recovers(rank, world)
 
 
@@ -585,8 +588,8 @@ def check_mismatched_splits(rank: int, world: int) -> None:
     in_splits, out_splits = ([1, 1], [1, 1]) if rank == 0 else ([1, 1], [2, 1])
     x = torch.ones(sum(in_splits), 2, device=device(rank))
     out = torch.empty(sum(out_splits), 2, device=device(rank))
-    dist.all_to_all_single(out, x, out_splits, in_splits)
-    raises("rank 0 sends 8 bytes to rank 1, which expects 16 bytes from rank 0", torch.openreg.synchronize)
+    raises("rank 0 sends 8 bytes to rank 1, which expects 16 bytes from rank 0",
+           lambda: then_sync(dist.all_to_all_single, out, x, out_splits, in_splits))
     recovers(rank, world)
 
 
@@ -597,8 +600,7 @@ def check_mismatched_send_recv(rank: int, world: int) -> None:
         torch.openreg.synchronize()  # the sender is not at fault: its data was taken off the wire
     elif rank == 1:
         got = torch.empty(12, device=device(rank))
-        dist.recv(got, 0)
-        raises(r"expected float32\[12\].*rank 0 sent float32\[10\]", torch.openreg.synchronize)
+        raises(r"expected float32\[12\].*rank 0 sent float32\[10\]", lambda: then_sync(dist.recv, got, 0))
     recovers(rank, world)
 
 
@@ -624,9 +626,8 @@ def check_destroy_frees_memory(rank: int, world: int) -> None:
     out = torch.empty(world << 16, device=device(rank))
     works = [dist.all_reduce(t, group=group, async_op=True), dist.all_gather_into_tensor(out, t, group=group)]
     bad = torch.ones(3 + rank, device=device(rank))
-    dist.all_reduce(bad, group=group)
     with contextlib.suppress(RuntimeError):
-        torch.openreg.synchronize()
+        then_sync(dist.all_reduce, bad, dist.ReduceOp.SUM, group)
     objs = [None] * world
     dist.all_gather_object(objs, rank, group=group)
     dist.destroy_process_group(group)

@@ -31,7 +31,7 @@ def group():
 
 
 @pytest.fixture
-def blocked():
+def blocked(asynchronous):
     """``block()`` queues a kernel on the current stream that holds it until the test releases it."""
     gates = []
 
