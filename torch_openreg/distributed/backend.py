@@ -6,11 +6,12 @@ A call:
 
 1. checks its arguments on the host (openreg tensors, one device, sizes that fit) and raises at
    once if they are wrong, like any operator;
-2. describes itself to its peers on the transport's ``ctrl`` context (asynchronously,
-   :mod:`.checks`) and takes a ticket for the order of issue;
+2. numbers itself for the checks against its peers (:mod:`.checks`) and takes a ticket for the
+   order of issue;
 3. launches a kernel on the device's current stream. When the stream reaches it, the kernel waits
-   for its turn, compares the descriptions of all ranks, and hands host views of the device
-   memory to the transport (gloo), then waits for the transfer, with the GIL released;
+   for its turn, compares its description with the peers' (exchanged in windows on the transport's
+   ``ctrl`` context), and hands host views of the device memory to the transport (gloo), then waits
+   for the transfer, with the GIL released;
 4. returns a :class:`~.work.Work` recorded right after the launch.
 
 So a collective is ordered with the kernels around it on its stream, and the host goes on at
@@ -93,7 +94,7 @@ class OCCL:
         self.rank, self.size, self.group = rank, size, group
         self.transport = Transport(store, rank, size, timeout)
         self.checker = Checker(self.transport, group)
-        self._lock = threading.Lock()  # launches of this group: tickets, ctrl exchanges and launches in one order
+        self._lock = threading.Lock()  # launches of this group: numbers, tickets and launches in one order
         self._coalesced: list | None = None  # (name, device, ops, outputs, work) while coalescing
         self._last: dict[int, openreg.Event] = {}  # per device, the end of the last collective launched
         self._closed = False
