@@ -180,7 +180,7 @@ def test_coalescing_manager_launches_once(group, launches):
     assert names.count("occl:coalesced") == 1 and "occl:all_reduce" not in names
 
 
-def test_error_in_the_kernel_surfaces_at_synchronize(group, blocked):
+def test_error_in_the_kernel_surfaces_at_synchronize(no_leak, group, blocked):
     t = torch.ones(4, device="openreg")
     gate = blocked()
     work = dist.all_reduce(t, async_op=True)

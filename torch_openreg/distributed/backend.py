@@ -167,7 +167,9 @@ class OCCL:
                     finish()
         except BaseException as exc:
             _drain(handles)  # gloo may still be writing into this kernel's memory: never leave before it is done
-            work.error = exc
+            # the message only: the exception's frames hold this kernel's Work, which C++ holds too (a
+            # cycle through C++ that the garbage collector cannot see, keeping the tensors alive)
+            work.error = f"{type(exc).__name__}: {exc}"
             raise
     # LITERALINCLUDE END: OCCL SUBMIT
 

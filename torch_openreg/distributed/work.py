@@ -28,7 +28,7 @@ class Work:
         self.blocking = blocking  # barrier, receive from any source: wait() holds the host
         self.event = openreg.Event(device=device)
         self.stream: openreg.Stream | None = None
-        self.error: BaseException | None = None
+        self.error: str | None = None  # "Type: message" of the collective's failure
         self.source = -1  # the sender, once a receive from any source has run
         self._future: torch.futures.Future | None = None
 
@@ -73,7 +73,7 @@ class Work:
         return self.event.query() and self.error is None
 
     def error_message(self) -> str | None:
-        return None if self.error is None else f"{type(self.error).__name__}: {self.error}"
+        return self.error
 
     def source_rank(self) -> int:
         if self.source < 0:
@@ -127,9 +127,9 @@ class Coalesced(Work):
         super().synchronize()
 
     @property
-    def error(self) -> BaseException | None:  # type: ignore[override]
+    def error(self) -> str | None:  # type: ignore[override]
         return None if self.group is None else self.group.error
 
     @error.setter
-    def error(self, value: BaseException | None) -> None:
+    def error(self, value: str | None) -> None:
         pass
