@@ -11,7 +11,7 @@ setup(
     ext_modules=[
         CppExtension(
             "torch_openreg._C",
-            sorted(str(p) for p in csrc.glob("*.cpp")),
+            sorted(str(p) for p in (*csrc.glob("*.cpp"), *csrc.glob("distributed/*.cpp"))),
             extra_compile_args=["-O2", "-std=c++17"],
         )
     ],

@@ -44,8 +44,8 @@ def test_docs_build_without_warnings(tmp_path: Path) -> None:
     assert (tmp_path / "html" / "index.html").is_file()
     for page in ("architecture", "runtime", "device", "hooks", "allocators", "streams", "operators",
                  "fallback", "registration", "layouts", "device_module", "random", "amp", "serialization", "dlpack",
-                 "multiprocessing", "memory", "performance", "autoload", "compatibility", "compiler", "testing",
-                 "conformance",
+                 "multiprocessing", "distributed", "memory", "performance", "autoload", "compatibility", "compiler",
+                 "testing", "conformance",
                  "status"):
         assert (tmp_path / "html" / f"{page}.html").is_file(), f"{page} is not in the built guide"
 

@@ -42,4 +42,8 @@ _dlpack.install()
 from . import compiler as _compiler  # noqa: E402  (torch.compile support, registered when first needed)
 
 _compiler.install()
+
+from . import distributed as _distributed  # noqa: E402
+
+_distributed.register()  # the c10d backend "occl"; built when a process group uses it
 # LITERALINCLUDE END: AUTOLOAD

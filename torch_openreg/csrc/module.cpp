@@ -19,6 +19,7 @@ std::vector<std::vector<uintptr_t>> set_cpu_output_targets(const std::vector<at:
 void install_cpu_output_allocator();
 size_t cpu_outputs_held();
 void bind_kernel_scope(py::module& m);
+void bind_distributed(py::module& m);
 
 // LITERALINCLUDE START: HOST VIEW
 // A CPU tensor over the same bytes as an openreg tensor (same sizes, strides,
@@ -114,6 +115,7 @@ PYBIND11_MODULE(_C, m) {
         "skips[i] through ([] stops it); returns the previous targets' allocations of their sizes");
   m.def("_cpu_outputs_held", &openreg::cpu_outputs_held, "buffers served to this thread's CPU kernels still held");
   openreg::bind_kernel_scope(m);
+  openreg::bind_distributed(m);
   m.def("_copy_backend_meta", &openreg::copy_backend_meta,
         "clone an openreg tensor's backend metadata onto dst (torch._C._copy_backend_meta of newer PyTorch)");
 }

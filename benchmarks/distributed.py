@@ -1,0 +1,144 @@
+"""Distributed benchmark: occl against gloo on the CPU, measured in the same two processes.
+
+Run: ``python -m benchmarks.distributed`` (``--quick`` for the CI smoke run).
+
+* all_reduce bus bandwidth, 1 MB to 256 MB: gloo on CPU tensors and occl on openreg tensors, in one
+  process group ``cpu:gloo,openreg:occl`` (goal: occl >= 0.8x gloo);
+* a DDP training step: the same model on the CPU (gradients on gloo) and on openreg (on occl), in
+  the same processes (goal: openreg <= 1.15x the CPU).
+
+Both ranks time the same calls, aligned by a barrier; rank 0 reports medians over interleaved repeats.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+import time
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from .common import table
+
+MB = 1 << 20
+GOAL_BANDWIDTH, GOAL_DDP = 0.8, 1.15
+
+
+def _timed(fn, sync, repeat: int, number: int) -> list[float]:
+    """Seconds per call over ``repeat`` blocks of ``number`` calls, each block started together on all ranks."""
+    samples = []
+    for _ in range(repeat):
+        dist.barrier()  # gloo on the CPU: both ranks start the block together
+        start = time.perf_counter()
+        for _ in range(number):
+            fn()
+        sync()
+        samples.append((time.perf_counter() - start) / number)
+    return samples
+
+
+def interleave(cases: dict, repeat: int, number: int) -> dict[str, float]:
+    """Median seconds per call of each ``(fn, sync)``, the repeats of all cases interleaved."""
+    for fn, sync in cases.values():  # warm up
+        fn()
+        sync()
+    samples: dict[str, list[float]] = {name: [] for name in cases}
+    names = list(cases)
+    for i in range(repeat):
+        for name in names if i % 2 == 0 else names[::-1]:  # alternate the order: neither always runs first
+            fn, sync = cases[name]
+            samples[name] += _timed(fn, sync, 1, number)
+    if os.environ.get("OCCL_BENCH_SAMPLES") and dist.get_rank() == 0:  # every sample, to see the spread
+        print({name: [round(v * 1e3, 2) for v in s] for name, s in samples.items()}, flush=True)
+    return {name: statistics.median(s) for name, s in samples.items()}
+
+
+# LITERALINCLUDE START: BENCH ALLREDUCE
+def allreduce_bandwidth(rank: int, world: int, sizes: list[int], repeat: int) -> list[list[str]]:
+    """Bus bandwidth (nccl-tests' definition: 2 (n - 1) / n x bytes / time) of all_reduce per size."""
+    device = torch.device("openreg", rank)
+    rows = []
+    for size in sizes:
+        cpu, dev = torch.ones(size // 4), torch.ones(size // 4, device=device)
+        number = max(2, min(40, (64 * MB) // size))
+        t = interleave({
+            "gloo": (lambda cpu=cpu: dist.all_reduce(cpu), lambda: None),
+            "occl": (lambda dev=dev: dist.all_reduce(dev), torch.openreg.synchronize),
+        }, repeat, number)
+        bus = {k: 2 * (world - 1) / world * size / v / 1e9 for k, v in t.items()}
+        ratio = bus["occl"] / bus["gloo"]
+        rows.append([f"{size // MB} MB", f"{bus['gloo']:.2f}", f"{bus['occl']:.2f}", f"{ratio:.2f}x",
+                     "yes" if ratio >= GOAL_BANDWIDTH else "no"])
+    return rows
+# LITERALINCLUDE END: BENCH ALLREDUCE
+
+
+def ddp_step(rank: int, world: int, width: int, repeat: int) -> list[list[str]]:
+    """One DDP training step (forward, backward with gradient all_reduce, SGD step) on the CPU and on openreg."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    def build(device):
+        torch.manual_seed(0)
+        layers = [torch.nn.Linear(256, width), torch.nn.ReLU()]
+        for _ in range(2):
+            layers += [torch.nn.Linear(width, width), torch.nn.ReLU()]
+        model = torch.nn.Sequential(*layers, torch.nn.Linear(width, 10)).to(device)
+        ddp = DDP(model)
+        return ddp, torch.optim.SGD(ddp.parameters(), lr=0.01)
+
+    def step_fn(ddp, opt, x, y):
+        def step():
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(ddp(x), y).backward()
+            opt.step()
+        return step
+
+    device = torch.device("openreg", rank)
+    g = torch.Generator().manual_seed(rank)
+    x, y = torch.randn(64, 256, generator=g), torch.randint(0, 10, (64,), generator=g)
+    cpu_ddp, cpu_opt = build("cpu")
+    dev_ddp, dev_opt = build(device)
+    t = interleave({
+        "cpu": (step_fn(cpu_ddp, cpu_opt, x, y), lambda: None),
+        "openreg": (step_fn(dev_ddp, dev_opt, x.to(device), y.to(device)), torch.openreg.synchronize),
+    }, repeat, 3)
+    params = sum(p.numel() for p in cpu_ddp.parameters())
+    ratio = t["openreg"] / t["cpu"]
+    return [[f"MLP {params / 1e6:.1f} M parameters ({params * 4 // MB} MB of gradients)",
+             f"{t['cpu'] * 1e3:.1f}", f"{t['openreg'] * 1e3:.1f}", f"{ratio:.2f}x",
+             "yes" if ratio <= GOAL_DDP else "no"]]
+
+
+def _rank(rank: int, world: int, init: str, quick: bool) -> None:
+    torch.openreg.set_device(rank)
+    dist.init_process_group("cpu:gloo,openreg:occl", init_method=f"file://{init}", rank=rank, world_size=world,
+                            timeout=timedelta(seconds=300))
+    sizes = [1 * MB, 4 * MB] if quick else [1 * MB, 4 * MB, 16 * MB, 64 * MB, 256 * MB]
+    repeat = 2 if quick else 11
+    bandwidth = allreduce_bandwidth(rank, world, sizes, repeat)
+    step = ddp_step(rank, world, 256 if quick else 1024, repeat)
+    if rank == 0:
+        print(f"occl against gloo, {world} ranks (processes) on one machine, {os.cpu_count()} cores; "
+              f"torch {torch.__version__}\n")
+        print("all_reduce bus bandwidth (GB/s; ratio = occl / gloo, goal >= 0.8x)\n")
+        print(table(["size", "gloo (CPU)", "occl (openreg)", "ratio", "goal met"], bandwidth))
+        print("\nDDP training step, batch 64 per rank (ms; ratio = openreg / CPU, goal <= 1.15x)\n")
+        print(table(["model", "CPU + gloo", "openreg + occl", "ratio", "goal met"], step), flush=True)
+    dist.destroy_process_group()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small sizes, few repeats (CI smoke run)")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        mp.spawn(_rank, args=(2, os.path.join(tmp, "init"), args.quick), nprocs=2)
+
+
+if __name__ == "__main__":
+    main()

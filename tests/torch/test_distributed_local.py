@@ -1,0 +1,272 @@
+"""occl in this process: registration, stream semantics of Work, argument errors, memory.
+
+A process group of one rank (a HashStore, no other process) is still a real group: every call goes
+through c10d, the C++ Backend, the launch on the stream and gloo. What needs peers is in
+``test_distributed.py``.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+from datetime import timedelta
+
+import pytest
+import torch
+import torch.distributed as dist
+from conftest import ROOT  # noqa: I001 - tests/torch/conftest.py
+
+import openreg
+from torch_openreg.aten.launch import launch
+
+
+@pytest.fixture
+def group():
+    """A one-rank group: CPU tensors on gloo, openreg tensors on occl."""
+    dist.init_process_group("cpu:gloo,openreg:occl", store=dist.HashStore(), rank=0, world_size=1)
+    yield dist.group.WORLD
+    dist.destroy_process_group()
+
+
+@pytest.fixture
+def blocked(asynchronous):
+    """``block()`` queues a kernel on the current stream that holds it until the test releases it."""
+    gates = []
+
+    def block(device: int = 0) -> threading.Event:
+        gate = threading.Event()
+        launch(device, gate.wait, 30, tensors=[], name="gate")
+        gates.append(gate)
+        return gate
+
+    yield block
+    for gate in gates:
+        gate.set()
+
+
+def occl(group) -> object:
+    return group._get_backend(torch.device("openreg"))
+
+
+# --- registration ---------------------------------------------------------------------------------
+def test_registered_for_openreg():
+    assert "occl" in dist.Backend.backend_list
+    assert dist.Backend.default_device_backend_map["openreg"] == "occl"
+    assert dist.Backend.backend_capability["occl"] == ["openreg"]
+    assert dist.is_backend_available("occl")
+
+
+def test_import_torch_registers_without_loading_the_backend():
+    code = ("import sys, torch, torch.distributed as dist; "
+            "print(dist.Backend.default_device_backend_map.get('openreg'), "
+            "'torch_openreg.distributed.backend' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert out.stdout.split() == ["occl", "False"], out.stderr
+
+
+def test_backend_object(group):
+    backend = occl(group)
+    assert backend.name() == "occl"
+    assert backend.rank() == 0 and backend.size() == 1
+    assert backend.supports_coalescing
+    assert dist.get_backend() == "cpu:gloo,openreg:occl"
+
+
+def test_device_id_picks_occl(monkeypatch):
+    dist.init_process_group(store=dist.HashStore(), rank=0, world_size=1, device_id=torch.device("openreg", 1))
+    try:
+        assert dist.get_backend() == "occl"
+        t = torch.ones(3, device="openreg:1")
+        dist.all_reduce(t)
+        assert t.cpu().tolist() == [1.0, 1.0, 1.0]
+        with pytest.raises(RuntimeError, match="No backend type associated with device type cpu"):
+            dist.all_reduce(torch.ones(2))  # occl alone: no CPU backend in the group
+    finally:
+        dist.destroy_process_group()
+
+
+def test_plain_init_picks_occl_for_the_accelerator():
+    """PyTorch 2.13 maps the detected accelerator to its registered backend; it names the group
+    "undefined" and sets no default backend (docs/distributed.md), but openreg tensors reach occl."""
+    dist.init_process_group(store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        assert dist.group.WORLD._get_backend(torch.device("openreg")).name() == "occl"
+        t = torch.arange(4.0, device="openreg")
+        dist.all_reduce(t)
+        assert t.cpu().tolist() == [0.0, 1.0, 2.0, 3.0]
+    finally:
+        dist.destroy_process_group()
+
+
+# --- stream semantics -------------------------------------------------------------------------------
+def test_collective_is_a_launch_on_the_current_stream(group, launches):
+    side = torch.openreg.Stream()
+    t = torch.ones(4, device="openreg")
+    side.wait_stream(torch.openreg.current_stream())
+    with torch.openreg.stream(side):
+        work = dist.all_reduce(t, async_op=True)
+    work.wait()
+    torch.openreg.synchronize()
+    assert ("occl:all_reduce", 0, side.stream_id) in launches
+
+
+def test_wait_orders_the_stream_without_blocking_the_host(group, blocked):
+    t = torch.ones(4, device="openreg")
+    gate = blocked()
+    work = dist.all_reduce(t, async_op=True)
+    start = time.monotonic()
+    work.wait()  # returns at once: the current stream now waits for the collective
+    dist.all_reduce(t)  # async_op=False is stream-ordered too, like NCCL
+    assert time.monotonic() - start < 5
+    assert not work.is_completed()
+    gate.set()
+    torch.openreg.synchronize()
+    assert work.is_completed() and work.is_success()
+
+
+def test_wait_with_timeout_blocks_the_host(group, blocked):
+    t = torch.ones(4, device="openreg")
+    gate = blocked()
+    work = dist.all_reduce(t, async_op=True)
+    with pytest.raises(RuntimeError, match="did not complete within 200 ms"):
+        work.wait(timeout=timedelta(milliseconds=200))
+    threading.Timer(0.2, gate.set).start()
+    assert work.wait(timeout=timedelta(seconds=20))
+    assert work.is_completed()
+
+
+def test_blocking_wait_setting(group, blocked, monkeypatch):
+    from torch_openreg.distributed import work as work_module
+
+    monkeypatch.setattr(work_module, "BLOCKING_WAIT", True)
+    t = torch.ones(4, device="openreg")
+    gate = blocked()
+    threading.Timer(0.3, gate.set).start()
+    start = time.monotonic()
+    dist.all_reduce(t)  # OCCL_BLOCKING_WAIT=1: the host waits, as TORCH_NCCL_BLOCKING_WAIT does
+    assert time.monotonic() - start > 0.25
+
+
+def test_barrier_holds_the_host(group, blocked):
+    gate = blocked()
+    threading.Timer(0.3, gate.set).start()
+    start = time.monotonic()
+    dist.barrier(device_ids=[0])  # occl's barrier: it waits for the stream, as NCCL's does
+    assert time.monotonic() - start > 0.25
+
+
+def test_future_is_stream_ordered(group, blocked):
+    t = torch.ones(4, device="openreg")
+    gate = blocked()
+    work = dist.all_reduce(t, async_op=True)
+    fut = work.get_future()
+    assert fut.done()  # completed at launch, like NCCL's: its events carry the ordering
+    chained = fut.then(lambda f: f.value()[0] + 1)
+    gate.set()
+    assert chained.wait().cpu().tolist() == [2.0] * 4
+
+
+def test_coalescing_manager_launches_once(group, launches):
+    a, b = torch.ones(3, device="openreg"), torch.full((2,), 2.0, device="openreg")
+    with dist._coalescing_manager(device=torch.device("openreg", 0), async_ops=True) as cm:
+        dist.all_reduce(a)
+        dist.all_reduce(b)
+    cm.wait()
+    torch.openreg.synchronize()
+    assert a.cpu().tolist() == [1.0] * 3 and b.cpu().tolist() == [2.0] * 2
+    names = [name for name, _, _ in launches]
+    assert names.count("occl:coalesced") == 1 and "occl:all_reduce" not in names
+
+
+def test_error_in_the_kernel_surfaces_at_synchronize(no_leak, group, blocked):
+    t = torch.ones(4, device="openreg")
+    gate = blocked()
+    work = dist.all_reduce(t, async_op=True)
+    occl(group).abort()  # the collective has not run: it fails when the stream reaches it
+    gate.set()
+    with pytest.raises(RuntimeError, match="occl:all_reduce on openreg:0 .* destroyed"):
+        torch.openreg.synchronize()
+    assert work.is_completed() and not work.is_success()
+    with pytest.raises(RuntimeError, match="was destroyed"):
+        dist.all_reduce(t)  # later calls fail at once
+
+
+# --- argument errors (raised at the call, nothing launched) ------------------------------------------
+def test_cpu_tensor_through_occl(group):
+    with pytest.raises(RuntimeError, match=r"occl: all_reduce got a tensor on cpu.*cpu:gloo,openreg:occl"):
+        occl(group).allreduce([torch.ones(2)])
+
+
+def test_cpu_tensor_in_an_occl_only_group():
+    dist.init_process_group("occl", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        with pytest.raises(RuntimeError, match="No backend type associated with device type cpu"):
+            dist.all_reduce(torch.ones(2))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: dist.all_reduce(torch.ones(2, device="openreg"), op=dist.ReduceOp.BAND), "BAND needs an integer"),
+    (lambda: dist.all_reduce(torch.ones(2, dtype=torch.int16, device="openreg")), "cannot reduce torch.int16"),
+    (lambda: dist.all_reduce(torch.ones(2, dtype=torch.int64, device="openreg"), op=dist._make_nccl_premul_sum(2.0)),
+     "PREMUL_SUM needs a floating point"),
+    (lambda: dist.all_reduce(torch.ones(2, dtype=torch.bool, device="openreg"), op=dist.ReduceOp.AVG),
+     "AVG is not defined for bool"),
+    (lambda: dist.all_gather_into_tensor(torch.empty(3, device="openreg"), torch.ones(2, device="openreg")),
+     "must have world size"),
+    (lambda: dist.all_to_all_single(torch.empty(2, device="openreg"), torch.ones(2, device="openreg"), [1], [3]),
+     "split sizes"),
+    (lambda: dist.broadcast(torch.ones(2, device="openreg"), src=3), "not a rank|Invalid"),
+    (lambda: occl(dist.group.WORLD).allgather([[torch.empty(2, dtype=torch.int64, device="openreg")]],
+                                              [torch.ones(2, device="openreg")]), "output 0 is torch.int64"),
+    (lambda: occl(dist.group.WORLD).allreduce([torch.ones(2, device="openreg")] * 2), "one tensor per call"),
+    (lambda: occl(dist.group.WORLD).send([torch.ones(2, device="openreg")], 0, 0), "itself"),
+])
+def test_bad_arguments(group, call, message):
+    with pytest.raises((RuntimeError, ValueError), match=message):
+        call()
+
+
+def test_tensors_on_two_devices(group, two_devices):
+    with pytest.raises(RuntimeError, match=r"several devices \[0, 1\]"):
+        dist.all_gather_into_tensor(torch.empty(2, device="openreg:0"), torch.ones(2, device="openreg:1"))
+
+
+# --- memory ----------------------------------------------------------------------------------------
+def test_destroy_returns_memory(no_leak):
+    dist.init_process_group("cpu:gloo,openreg:occl", store=dist.HashStore(), rank=0, world_size=1)
+    t = torch.ones(1 << 16, device="openreg")
+    works = [dist.all_reduce(t, async_op=True), dist.broadcast(t, 0, async_op=True)]
+    out = torch.empty(1 << 16, device="openreg")
+    dist.all_gather_into_tensor(out, t)
+    dist.all_to_all_single(out, t)
+    futures = [w.get_future() for w in works]
+    with pytest.raises(RuntimeError):
+        dist.all_gather_into_tensor(torch.empty(3, device="openreg"), t)
+    dist.destroy_process_group()
+    del t, out, works, futures
+
+
+def test_other_device_launches_there(group, two_devices, launches):
+    t = torch.ones(2, device="openreg:1")
+    dist.all_reduce(t)
+    torch.openreg.synchronize(1)
+    assert ("occl:all_reduce", 1, 0) in launches
+    assert openreg.get_device() == 0
+
+
+def test_ddp_runtime_statistics(group):
+    """DDP times forward, backward and communication on openreg through the registered device Timer."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    torch.manual_seed(0)
+    ddp = DDP(torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4)).to("openreg"))
+    ddp._set_ddp_runtime_logging_sample_rate(1)
+    for _ in range(3):
+        ddp(torch.randn(2, 8, device="openreg")).sum().backward()
+    stats = ddp._get_ddp_logging_data()
+    for key in ("avg_forward_compute_time", "avg_backward_compute_time", "avg_backward_comm_time"):
+        assert stats.get(key, 0) > 0, (key, stats)
