@@ -261,13 +261,13 @@ class _Queue:
                         if now - self.last_launch >= _IDLE:
                             break  # the host has paused: run the next item
                         timeout = max(self.last_launch + _IDLE - now, nap)
-                    elif self.open and not self.busy:
+                    elif self.open and not self.busy and not self.items:  # (a queued item is a host's)
                         if now - self.last_done >= _LINGER:
                             self._settled()
                             continue
                         timeout = self.last_done + _LINGER - now
-                    elif self.busy or now - self.last_launch < _AWAKE:
-                        timeout = nap  # a host is running the queue, or may launch again soon
+                    elif self.busy or self.items or now - self.last_launch < _AWAKE:
+                        timeout = nap  # a host is running the queue (or will: run_here), or may launch again
                     else:
                         timeout = None  # deep sleep: the next launch wakes the worker
                     self.idle = timeout is None

@@ -579,3 +579,37 @@ def test_synchronize_waits_for_streams_created_after_it_last_ran():
         stream.launch(lambda done=done: (time.sleep(0.01), done.append(True)))
         openreg.synchronize(0)
         assert done == [True]
+
+
+def test_run_here_runs_on_the_caller_in_stream_order_and_raises_as_is():
+    stream = openreg.Stream()
+    order = []
+    stream.launch(lambda: order.append("queued"))
+    assert stream.run_here(lambda: order.append(threading.get_ident()) or 42) == 42
+    assert order == ["queued", threading.get_ident()]
+    with pytest.raises(KeyError):  # the kernel's own exception, not a LAUNCH_FAILURE
+        stream.run_here(lambda: {}["missing"])
+    stream.synchronize()  # nothing left to report
+
+
+def test_run_here_while_the_worker_lingers_with_open_pages(monkeypatch, gate):
+    """A worker that finds a host's run_here item at the head of its queue while finished work left pages
+    open must wait for the host, not loop holding the queue's lock (which starved the host: a livelock)."""
+    monkeypatch.setattr(openreg.stream, "_LINGER", 0.0)  # the worker closes pages as soon as it can
+    ptr = openreg.malloc(4096)
+    stream = openreg.Stream()
+    done = threading.Event()
+    stream.launch(gate.wait, buffers=[ptr])  # the worker runs it (after _IDLE) and holds the stream
+
+    def host():
+        stream.run_here(lambda: None, buffers=[ptr])  # queued behind the gate, for this thread
+        done.set()
+
+    time.sleep(0.05)
+    thread = threading.Thread(target=host, daemon=True)
+    thread.start()
+    time.sleep(0.05)
+    gate.open()
+    assert done.wait(10), "run_here starved behind the stream's worker"
+    stream.synchronize()
+    openreg.free(ptr)

@@ -179,13 +179,12 @@ def test_backend_code_is_never_traced():
 def test_fake_tensors_keep_device_and_backend_meta(two_devices):
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from torch_openreg import _C
 
     t = torch.ones(4, device="openreg:1")
-    _C._set_backend_meta(t, 7)
+    torch._utils.set_tensor_metadata(t, {"openreg_format=7": True})
     fake = FakeTensorMode().from_tensor(t)
     assert fake.device == torch.device("openreg", 1)
-    assert _C._get_backend_meta(fake) == 7
+    assert torch._utils.get_tensor_metadata(fake) == {"openreg_format=7": True}
 
 
 def test_named_backend():
@@ -515,13 +514,13 @@ def test_pytorch_still_has_the_rough_edges_the_workarounds_cover():
 
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from torch_openreg import _C
 
     original = workarounds.ORIGINALS
     assert original["get_current_backend"]("openreg") == "triton"  # unknown device types get the CUDA backend
     assert original["device_need_guard"]("openreg") is False  # device guards only for GPU_TYPES
     assert original["is_cpu"](SimpleNamespace(get_device=lambda: torch.device(D, 0))) is False
     t = torch.ones(2, device=D)
-    _C._set_backend_meta(t, 3)
+    torch._utils.set_tensor_metadata(t, {"openreg_format=3": True})
     mode = FakeTensorMode()
-    assert _C._get_backend_meta(original["from_real_tensor"](mode.fake_tensor_converter, mode, t)) is None
+    from_real_tensor = torch._subclasses.fake_tensor.FakeTensorConverter.from_real_tensor.__openreg_wrapped__
+    assert not torch._utils.get_tensor_metadata(from_real_tensor(mode.fake_tensor_converter, mode, t))

@@ -11,18 +11,16 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
-
 _installed: set[str] = set()
 ORIGINALS: dict[str, Any] = {}  # PyTorch's functions as they were: the tests check the edges are still there
 
 
 # LITERALINCLUDE START: WORKAROUNDS
 def install_dynamo() -> None:
-    """The overrides for Dynamo and fake tensors (once; ``torch._dynamo`` is imported)."""
+    """The overrides for Dynamo (once; ``torch._dynamo`` is imported). Fake tensors keep openreg's backend
+    metadata through ``torch_openreg.compat``, which applies to eager fake-tensor users too."""
     if "dynamo" not in _installed:
         _installed.add("dynamo")
-        _fake_tensors_keep_backend_meta()
 
 
 def install_inductor() -> None:
@@ -33,30 +31,6 @@ def install_inductor() -> None:
     _cpp_backend_for_openreg()
     _loop_passes_as_on_cpu()
     _device_guards_as_on_gpus()
-
-
-def _fake_tensors_keep_backend_meta() -> None:
-    """``FakeTensorConverter.from_real_tensor`` (torch/_subclasses/fake_tensor.py) -> keeps ``c10::BackendMeta``.
-
-    A fake tensor is built from the real tensor's sizes, strides, dtype and device, and drops what the
-    backend attached to the ``TensorImpl`` (openreg's format number, set with ``_C._set_backend_meta``).
-    Deep copies keep it (``torch._utils.set_tensor_metadata`` in ``Tensor.__deepcopy__``); this does the
-    same for the fake tensors Dynamo, AOTAutograd and export trace with, so a fake kernel can read it.
-    """
-    from torch._subclasses.fake_tensor import FakeTensorConverter
-
-    from_real_tensor = ORIGINALS["from_real_tensor"] = FakeTensorConverter.from_real_tensor
-
-    def from_real_tensor_with_backend_meta(self: FakeTensorConverter, fake_mode: Any, t: torch.Tensor,
-                                           *args: Any, **kwargs: Any) -> torch.Tensor:
-        fake = from_real_tensor(self, fake_mode, t, *args, **kwargs)
-        if t.device.type == "openreg" and type(t) is not type(fake):
-            metadata = torch._C._get_tensor_metadata(t)
-            if metadata:
-                torch._C._set_tensor_metadata(fake, metadata)
-        return fake
-
-    FakeTensorConverter.from_real_tensor = from_real_tensor_with_backend_meta
 
 
 def _cpp_backend_for_openreg() -> None:
