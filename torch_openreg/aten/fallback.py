@@ -417,7 +417,7 @@ def fallback(op: torch._ops.OpOverload, *args: Any, **kwargs: Any) -> Any:
             except TypeError:  # an unhashable argument: only the general path takes it
                 plan = described = None
             if plan is not None:
-                return _run(plan, described, args, kwargs, openreg.LAUNCH_BLOCKING)
+                return _run(plan, described, args, kwargs, False)
     if info.blocked:
         raise NotImplementedError(f"{info.name} is not supported on the openreg device: {info.blocked}")
     try:
@@ -431,7 +431,7 @@ def fallback(op: torch._ops.OpOverload, *args: Any, **kwargs: Any) -> Any:
                 # The first call of a call shape runs synchronously, on this thread: the checks of the CPU
                 # kernel's host code raise here, with the CPU's exception, and its warnings are this
                 # caller's (see _checked). Later calls of a clean shape are queued.
-                check = openreg.LAUNCH_BLOCKING or key is None or key not in _checked
+                check = key is None or key not in _checked
                 plan = _plan(op, info, args, kwargs, tensors, device, meta, given) if info.plans is not None else None
                 if plan is not None and not (described is not None and plan.cacheable):
                     described = [None, *_swap(args, kwargs, info, device, _host_view_or_snapshot, "cpu"),
