@@ -112,3 +112,43 @@ def test_pytorch_style_run_with_env(run_python) -> None:
     assert "test_not_for_openreg" not in result.stderr
     assert "CPU" not in "".join(line for line in result.stderr.splitlines() if line.startswith("test_"))
     assert "Ran 5 tests" in result.stderr
+
+
+def _run_isolation_cases(run_python, with_device_base: bool) -> str:
+    env = {"PYTORCH_TESTING_DEVICE_ONLY_FOR": "openreg", "CI": ""}
+    if with_device_base:
+        import torch_openreg.testing
+
+        env["TORCH_TEST_DEVICES"] = torch_openreg.testing.DEVICE_BASE
+    result = run_python(
+        "import runpy, sys; sys.argv = ['isolation_cases.py', '-v']; "
+        "runpy.run_path('tests/torch/pytorch_style/isolation_cases.py', run_name='__main__')",
+        env=env, timeout=240,
+    )
+    return result.stderr
+
+
+def _outcome(output: str, test: str) -> str:
+    (line,) = [line for line in output.splitlines() if line.startswith(f"{test}_openreg (")]
+    return line.rsplit("... ", 1)[1]
+
+
+def test_device_base_charges_a_kernel_error_to_the_test_that_caused_it(run_python) -> None:
+    """With TORCH_TEST_DEVICES naming openreg's device base, the asynchronous error fails the test that
+    launched the kernel (in its tearDown), the next test passes, and largeTensorTest asks openreg."""
+    output = _run_isolation_cases(run_python, with_device_base=True)
+    assert _outcome(output, "test_a_leaves_a_kernel_error") == "ERROR", output[-3000:]
+    assert _outcome(output, "test_b_clean") == "ok", output[-3000:]
+    assert _outcome(output, "test_c_fits_in_device_memory") == "ok", output[-3000:]
+    assert _outcome(output, "test_d_needs_more_than_the_device_has") == "skipped 'Insufficient openreg:0 memory'"
+    assert "Ran 4 tests" in output  # one generated class, not the autoloaded base's as well
+    assert "aten::index.Tensor" in output and "out of bounds" in output
+
+
+def test_without_the_device_base_the_error_lands_in_the_next_test(run_python) -> None:
+    """What the device base fixes: PyTorch's plain PrivateUse1TestBase reports the error at the next
+    test's first host read, and skips largeTensorTest as an unknown device."""
+    output = _run_isolation_cases(run_python, with_device_base=False)
+    assert _outcome(output, "test_a_leaves_a_kernel_error") == "ok", output[-3000:]
+    assert _outcome(output, "test_b_clean") == "ERROR", output[-3000:]
+    assert _outcome(output, "test_c_fits_in_device_memory") == "skipped 'Unknown device type'"

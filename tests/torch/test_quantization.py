@@ -78,3 +78,23 @@ def test_clone_select_reshape_other_device_and_tensor_qparams():
         other = q.to("openreg:1")
         assert other.device == torch.device("openreg:1") and torch.equal(other.int_repr().cpu(), expected.int_repr())
     assert torch.equal(expected.to(DEV).int_repr().cpu(), expected.int_repr())  # CPU -> openreg
+
+
+@pytest.mark.parametrize("dims", [(0,), (1,), (0, 2), (-1,)])
+def test_flip_matches_the_cpu(dims):
+    expected = torch.quantize_per_tensor(torch.randn(2, 3, 4), 0.1, 3, torch.quint8)
+    flipped = expected.to(DEV).flip(dims)
+    assert flipped.is_quantized and flipped.device.type == "openreg"
+    assert flipped.q_scale() == expected.q_scale() and flipped.q_zero_point() == expected.q_zero_point()
+    assert torch.equal(flipped.int_repr().cpu(), expected.flip(dims).int_repr())
+
+
+def test_flip_errors_like_the_cpu():
+    q = torch.quantize_per_tensor(torch.randn(2, 3), 0.1, 3, torch.quint8).to(DEV)
+    with pytest.raises(RuntimeError, match="appears multiple times"):
+        q.flip((0, 0))
+    channels = torch.quantize_per_channel(torch.randn(2, 3), torch.tensor([0.1, 0.2, 0.3]), torch.tensor([1, 2, 3]), 1,
+                                          torch.qint8)
+    for x in (channels, channels.to(DEV)):
+        with pytest.raises(RuntimeError, match="only on uniformly quantized"):
+            x.flip((0,))

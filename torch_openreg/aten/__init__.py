@@ -74,6 +74,7 @@ _aten.impl("dequantize.self", quantized.dequantize, "QuantizedPrivateUse1")
 _aten.impl("dequantize.tensors", quantized.dequantize_tensors, "QuantizedPrivateUse1")
 _aten.impl("clone", quantized.clone, "QuantizedPrivateUse1")
 _aten.impl("int_repr", quantized.int_repr, "QuantizedPrivateUse1")
+_aten.impl("flip", quantized.flip, "QuantizedPrivateUse1")
 _aten.impl("_to_copy", quantized.to_copy, "QuantizedPrivateUse1")
 
 _quantized = torch.library.Library("quantized", "IMPL")

@@ -147,6 +147,18 @@ def clone(q: torch.Tensor, *, memory_format=None) -> torch.Tensor:
     return out
 
 
+def flip(q: torch.Tensor, dims) -> torch.Tensor:
+    """``aten::flip`` (QuantizedPrivateUse1): the integers reversed along ``dims``, same quantizer.
+
+    Per-tensor only, as on the CPU (whose flip refuses per-channel tensors with this message).
+    """
+    if q.qscheme() in _PER_CHANNEL:
+        raise RuntimeError("Setting strides is possible only on uniformly quantized tensor")
+    out = _empty_quantized(q.shape, _qparams(q), q.dtype, q.device)
+    _ints(out).copy_(_ints(q).flip(dims))  # flip checks dims (repeated, out of range) as the CPU's does
+    return out
+
+
 def to_copy(q: torch.Tensor, *, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False,
             memory_format=None) -> torch.Tensor:
     """``aten::_to_copy`` (QuantizedPrivateUse1): to the CPU (``q.cpu()``, printing) or another openreg device."""
