@@ -9,9 +9,10 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-safetensors = pytest.importorskip("safetensors")
+pytest.importorskip("safetensors")
 torchmetrics = pytest.importorskip("torchmetrics")
 
+import safetensors  # noqa: E402
 import safetensors.torch  # noqa: E402
 from safetensors import SafetensorError  # noqa: E402
 
@@ -105,7 +106,8 @@ def test_torchmetrics_accumulate_on_openreg_like_the_cpu(no_leak):
     g = torch.Generator().manual_seed(0)
     batches = [(torch.randn(16, 5, generator=g).softmax(-1), torch.randint(0, 5, (16,), generator=g)) for _ in range(4)]
     cpu, dev = _metrics(), _metrics().to("openreg")
-    cpu_mse, dev_mse = torchmetrics.regression.MeanSquaredError(), torchmetrics.regression.MeanSquaredError().to("openreg")
+    cpu_mse = torchmetrics.regression.MeanSquaredError()
+    dev_mse = torchmetrics.regression.MeanSquaredError().to("openreg")
     for probs, target in batches:
         cpu.update(probs, target)
         cpu_mse.update(probs[:, 0], target / 4)

@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -24,8 +25,7 @@ from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy  # no
 
 from torch_openreg.integrations import lightning as openreg_lightning  # noqa: E402
 
-from conftest import ROOT  # noqa: E402
-
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "lightning_train.py"
 _spec = importlib.util.spec_from_file_location("lightning_train", EXAMPLE)
 example = importlib.util.module_from_spec(_spec)
@@ -43,7 +43,8 @@ def test_trainer_trains_on_openreg_like_the_cpu():
     cpu_trainer, cpu = example.fit("cpu", 1, "32-true", example.data(8))
     trainer, model = example.fit("openreg", 1, "32-true", example.data(8))
     assert isinstance(trainer.accelerator, openreg_lightning.OpenRegAccelerator)
-    assert isinstance(trainer.strategy, SingleDeviceStrategy) and trainer.strategy.root_device == torch.device("openreg", 0)
+    assert isinstance(trainer.strategy, SingleDeviceStrategy)
+    assert trainer.strategy.root_device == torch.device("openreg", 0)
     assert model.seen == {("openreg:0", "torch.float32")} and cpu.seen == {("cpu", "torch.float32")}
     assert len(model.losses) == 16
     assert_close(model.losses, cpu.losses)
@@ -134,9 +135,9 @@ def test_importing_twice_wraps_once():
 
 # LITERALINCLUDE START: TEST LIGHTNING DDP
 def test_ddp_on_two_devices_matches_one_cpu_process(tmp_path, two_devices):
-    """``devices=2``: Lightning starts the second rank; DDP averages gradients over occl; the CPU reference is one process."""
+    """``devices=2``: Lightning starts rank 1, DDP averages gradients over occl; the reference is one CPU process."""
     out = tmp_path / "result"
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     done = subprocess.run([sys.executable, str(EXAMPLE), "--devices", "2", "--json", str(out)], cwd=tmp_path,
                           env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]

@@ -34,7 +34,7 @@ from lightning.fabric.accelerators.registry import _AcceleratorRegistry
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.accelerators import Accelerator, AcceleratorRegistry
 from lightning.pytorch.plugins.precision import MixedPrecision, Precision
-from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy, StrategyRegistry, Strategy
+from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy, Strategy, StrategyRegistry
 from lightning.pytorch.trainer.connectors.accelerator_connector import _AcceleratorConnector
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from torch.nn.parallel import DistributedDataParallel
@@ -48,22 +48,24 @@ PROCESS_GROUP_BACKEND = "cpu:gloo,openreg:occl"
 
 # LITERALINCLUDE START: LIGHTNING DEVICES
 def parse_devices(devices: int | str | Sequence[int]) -> list[int]:
-    """Lightning's ``devices=`` for openreg: a count (``2``, ``"2"``, ``-1`` for all) or indices (``[1]``, ``"0,1"``)."""
+    """Lightning's ``devices=`` for openreg: a count (``2``, ``"2"``, ``-1``: all) or indices (``[1]``, ``"0,1"``)."""
     count = torch.openreg.device_count()
     if isinstance(devices, str):
         text = devices.strip()
         try:
             devices = [int(p) for p in text.split(",") if p.strip()] if "," in text else int(text)
         except ValueError:
-            raise MisconfigurationException(f"devices={text!r} is neither a device count nor a list of indices") from None
+            message = f"devices={text!r} is neither a device count nor a list of indices"
+            raise MisconfigurationException(message) from None
     if isinstance(devices, bool) or not isinstance(devices, (int, list, tuple)):
         raise MisconfigurationException(f"devices must be an int, a str or a list of ints, got {devices!r}")
     if isinstance(devices, int):
         if devices == -1:
             devices = count
-        if not 0 < devices <= count:
-            raise MisconfigurationException(f"devices={devices} asks for more openreg devices than the {count} there are"
-                                            if devices > 0 else f"devices={devices} is not a device count")
+        if devices <= 0:
+            raise MisconfigurationException(f"devices={devices} is not a device count")
+        if devices > count:
+            raise MisconfigurationException(f"devices={devices} asks for more openreg devices than there are ({count})")
         return list(range(devices))
     indices = list(devices)
     bad = [i for i in indices if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < count]
