@@ -5,6 +5,10 @@ Each result is compared with the CPU's (docs/frameworks.md).
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 from torch.testing import assert_close
@@ -137,3 +141,13 @@ def test_dataloader_pins_batches_and_spawned_workers_keep_the_order():
     assert_close(torch.cat([b[0] for b in batches]).cpu(), x, rtol=0, atol=0)
     assert_close(torch.cat([b[1] for b in batches]).cpu(), y, rtol=0, atol=0)
 # LITERALINCLUDE END: TEST DATALOADER
+
+
+def test_import_torch_loads_no_framework():
+    """The frameworks are optional: ``import torch`` (which loads openreg) imports none of them nor the integrations."""
+    code = ("import sys, torch; torch.ones(1, device='openreg'); "
+            "print(sorted(m for m in ('lightning', 'transformers', 'accelerate', 'torchmetrics', 'safetensors', "
+            "'torch_openreg.integrations') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=os.environ)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
