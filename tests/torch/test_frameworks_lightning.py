@@ -85,6 +85,22 @@ def test_16_mixed_scales_like_a_hand_written_amp_loop():
         assert_close(p.detach(), q.detach())
 
 
+def test_checkpoint_and_resume_continue_like_one_run(tmp_path):
+    """``ModelCheckpoint`` saves the openreg model and optimizer; ``fit(ckpt_path=...)`` resumes exactly."""
+    _, whole = example.fit("openreg", 1, "32-true", example.data(8))
+    first = _trainer(accelerator="openreg", devices=1, max_epochs=1, enable_checkpointing=True,
+                     default_root_dir=tmp_path)
+    first.fit(example.Regression(), example.data(8))
+    path = first.checkpoint_callback.best_model_path
+    assert torch.load(path, weights_only=False)["state_dict"]["net.0.weight"].device.type == "openreg"
+    resumed = example.Regression()
+    _trainer(accelerator="openreg", devices=1, max_epochs=2, default_root_dir=tmp_path).fit(
+        resumed, example.data(8), ckpt_path=path)
+    assert_close(resumed.losses, whole.losses[8:])
+    for p, q in zip(resumed.parameters(), whole.parameters()):
+        assert_close(p, q)
+
+
 def test_auto_picks_openreg_where_lightning_would_pick_the_cpu():
     trainer = _trainer(devices=1)
     assert isinstance(trainer.accelerator, openreg_lightning.OpenRegAccelerator)

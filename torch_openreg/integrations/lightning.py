@@ -34,7 +34,13 @@ from lightning.fabric.accelerators.registry import _AcceleratorRegistry
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.accelerators import Accelerator, AcceleratorRegistry
 from lightning.pytorch.plugins.precision import MixedPrecision, Precision
-from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy, Strategy, StrategyRegistry
+from lightning.pytorch.strategies import (
+    DDPStrategy,
+    DeepSpeedStrategy,
+    SingleDeviceStrategy,
+    Strategy,
+    StrategyRegistry,
+)
 from lightning.pytorch.trainer.connectors.accelerator_connector import _AcceleratorConnector
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from torch.nn.parallel import DistributedDataParallel
@@ -186,8 +192,9 @@ def _init_strategy(original: Callable) -> Callable:
 def _check_and_init_precision(original: Callable) -> Callable:
     def init(self: _AcceleratorConnector) -> Precision:
         mixed = self._precision_flag in ("16-mixed", "bf16-mixed")
-        if not (_is_openreg(self._accelerator_flag) and mixed and self._precision_plugin_flag is None
-                and isinstance(self.strategy, (SingleDeviceStrategy, DDPStrategy))):
+        plain = isinstance(self.strategy, (SingleDeviceStrategy, DDPStrategy)) and not isinstance(
+            self.strategy, DeepSpeedStrategy)  # DeepSpeed (a DDPStrategy) brings its own precision plugin
+        if not (_is_openreg(self._accelerator_flag) and mixed and self._precision_plugin_flag is None and plain):
             return original(self)
         self._validate_precision_choice()
         rank_zero_info(f"Using {'16bit' if self._precision_flag == '16-mixed' else 'bfloat16'} Automatic Mixed"
