@@ -12,6 +12,7 @@ import itertools
 
 import openreg
 
+from .device import sync_debug
 from .memory import allocator, host_allocator, owner
 from .memory.caching_allocator import _owners
 from .memory.pluggable import PluggableAllocator
@@ -179,10 +180,14 @@ def query_stream(device: int, stream_id: int) -> bool:
 
 
 def synchronize_stream(device: int, stream_id: int) -> None:
+    if sync_debug.mode:
+        sync_debug.check("stream synchronize")
     openreg.get_stream(_dev(device), stream_id).synchronize()
 
 
 def synchronize_device(device: int) -> None:
+    if sync_debug.mode:
+        sync_debug.check("synchronize")
     openreg.synchronize(_dev(device))
 # LITERALINCLUDE END: BRIDGE STREAMS
 
@@ -205,6 +210,8 @@ def event_query(event: openreg.Event) -> bool:
 
 
 def event_synchronize(event: openreg.Event) -> None:
+    if sync_debug.mode:
+        sync_debug.check("event synchronize")
     event.synchronize()
 
 

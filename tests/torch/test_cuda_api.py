@@ -260,3 +260,83 @@ def test_clock_rate_and_sensors():
     for sensor in (dev.temperature, dev.power_draw):
         with pytest.raises(torch.AcceleratorError, match="not supported on openreg"):
             sensor()
+
+
+# -- synchronization debugging ------------------------------------------------------------------------------
+@pytest.fixture
+def sync_debug():
+    yield dev.set_sync_debug_mode
+    dev.set_sync_debug_mode("default")
+
+
+_HOST_WAITS = {
+    "item": lambda t: t.sum().item(),
+    "cpu": lambda t: t.cpu(),
+    "tolist": lambda t: t.tolist(),
+    "nonzero": lambda t: t.nonzero(),
+    "boolean index": lambda t: t[t > 0],
+    "equal": lambda t: torch.equal(t, t),
+    "pageable copy to device": lambda t: t.copy_(torch.ones(4)),
+    "synchronize": lambda t: dev.synchronize(),
+    "stream synchronize": lambda t: dev.current_stream().synchronize(),
+    "event synchronize": lambda t: dev.current_stream().record_event().synchronize(),
+}
+_NAMES = {"item": "_local_scalar_dense", "cpu": "pageable", "tolist": "pageable", "nonzero": "aten::nonzero",
+          "boolean index": "aten::index", "equal": "_local_scalar_dense|aten::equal",
+          "pageable copy to device": "from pageable host memory", "synchronize": "synchronize",
+          "stream synchronize": "stream synchronize", "event synchronize": "event synchronize"}
+
+
+@pytest.mark.parametrize("what", list(_HOST_WAITS))
+def test_sync_debug_mode_reports_each_host_wait(what, sync_debug):
+    t = torch.tensor([1.0, -2.0, 3.0, 0.0], device="openreg")
+    dev.synchronize()
+    sync_debug("warn")
+    assert dev.get_sync_debug_mode() == 1
+    with pytest.warns(UserWarning, match=f"called a synchronizing openreg operation: .*({_NAMES[what]})") as seen:
+        _HOST_WAITS[what](t)
+    assert len(seen) == 1, [str(w.message) for w in seen]  # one operation, one report
+    sync_debug(2)
+    with pytest.raises(RuntimeError, match=f"called a synchronizing openreg operation: .*({_NAMES[what]})"):
+        _HOST_WAITS[what](t)
+    sync_debug("default")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _HOST_WAITS[what](t)
+
+
+def test_sync_debug_mode_is_quiet_on_asynchronous_work(sync_debug):
+    """Work that CUDA runs without a host wait stays quiet, also where the simulator itself waits: a call
+    shape's first run (checked on the host), operators whose outputs the CPU kernel decides, a pinned
+    non-blocking copy, seeding and an allocator that must make room."""
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4), torch.nn.ReLU()).to("openreg")
+    bag = torch.nn.EmbeddingBag(10, 3).to("openreg")
+    indices, offsets = torch.tensor([1, 2, 4, 5], device="openreg"), torch.tensor([0, 2], device="openreg")
+    pinned = torch.ones(4).pin_memory()
+    sync_debug("error")
+    x = torch.randn(8, 4, device="openreg")  # seeding reads the generator: the simulator's own wait
+    loss = model(x).square().mean()
+    loss.backward()
+    bag(indices, offsets)
+    on_device = pinned.to("openreg", non_blocking=True)
+    back = torch.empty(4, pin_memory=True)
+    back.copy_(on_device, non_blocking=True)
+    torch.manual_seed(3)
+    dev.get_rng_state()
+    with pytest.raises(RuntimeError, match="invalid value of debug_mode"):
+        dev.set_sync_debug_mode("loud")
+    sync_debug("default")
+    dev.synchronize()
+    assert back.tolist() == [1.0] * 4
+
+
+def test_sync_debug_mode_quiet_on_the_simulators_own_host_paths(sync_debug):
+    """Sparse arithmetic runs on the host in openreg (not on CUDA): no report; its data-dependent
+    operators are reported once."""
+    dense = torch.tensor([[0.0, 1.0], [2.0, 0.0]])
+    sparse = dense.to_sparse().to("openreg")
+    dev.synchronize()
+    sync_debug("error")
+    total = sparse + sparse  # a host path of the simulator's own
+    sync_debug("default")
+    assert_close(total.to_dense().cpu(), 2 * dense)

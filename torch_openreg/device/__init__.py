@@ -80,6 +80,7 @@ from .streams import (
     set_stream,
     stream,
 )
+from .sync_debug import get_sync_debug_mode, set_sync_debug_mode
 
 globals().update(TENSOR_TYPES)  # torch.openreg.FloatTensor, ...
 globals().update(STORAGE_TYPES)  # torch.openreg.FloatStorage, ...
@@ -107,10 +108,10 @@ __all__ = [
     "AcceleratorError", "DeferredOpenRegCallError", "OpenRegPluggableAllocator", "OutOfMemoryError",
     "caching_allocator_alloc", "caching_allocator_delete", "caching_allocator_disabled", "caching_allocator_enable",
     "can_device_access_peer", "change_current_allocator", "clock_rate", "device_memory_used",
-    "get_allocator_backend", "get_arch_list", "get_stream_from_external", "has_half",
+    "get_allocator_backend", "get_arch_list", "get_stream_from_external", "get_sync_debug_mode", "has_half",
     "host_memory_stats_as_nested_dict", "ipc_collect", "is_tf32_supported", "list_gpu_processes",
     "max_memory_cached", "memory_cached", "memory_usage", "power_draw", "reset_accumulated_host_memory_stats",
-    "reset_max_memory_cached", "reset_peak_host_memory_stats", "temperature", "utilization",
+    "reset_max_memory_cached", "reset_peak_host_memory_stats", "set_sync_debug_mode", "temperature", "utilization",
     *TENSOR_TYPES, *STORAGE_TYPES,
 ]
 
