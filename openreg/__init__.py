@@ -4,7 +4,7 @@ The API mirrors the CUDA runtime (see docs/runtime.md for the table). It never
 imports torch: PyTorch is one client of this runtime, through ``torch_openreg``.
 """
 
-from . import fault
+from . import activity, fault  # noqa: F401  (openreg.activity: what ran when, for utilization)
 from .copy import MemcpyKind, memcpy, memcpy_async
 from .device import (
     DeviceProperties,

@@ -26,7 +26,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from . import memory
+from . import activity, memory
 from .device import check_device, device_count, forked, get_device, start
 from .errors import ErrorCode, OpenRegError, launch_failure
 
@@ -116,6 +116,7 @@ class _Queue:
                     f"{item.name} on openreg:{self.device} stream {self.id} failed: {type(exc).__name__}: {exc}", exc
                 )
         finally:
+            activity.record(self.device, started, time.perf_counter_ns(), item.name)
             if _observers:
                 self._observe(item, started)
         if len(self.open) > _CLOSE_EVERY:

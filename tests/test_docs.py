@@ -43,7 +43,8 @@ def test_docs_build_without_warnings(tmp_path: Path) -> None:
     assert result.returncode == 0, f"sphinx failed:\n{result.stdout}\n{result.stderr}"
     assert (tmp_path / "html" / "index.html").is_file()
     for page in ("architecture", "runtime", "device", "hooks", "allocators", "streams", "operators",
-                 "fallback", "registration", "layouts", "device_module", "random", "amp", "serialization", "dlpack",
+                 "fallback", "registration", "layouts", "device_module", "cuda_api", "random", "amp", "serialization",
+                 "dlpack",
                  "multiprocessing", "distributed", "memory", "performance", "autoload", "compatibility", "compiler",
                  "frameworks", "testing", "conformance",
                  "status"):

@@ -20,6 +20,9 @@ def _autoload() -> None:
 import torch  # noqa: E402
 
 from . import _C  # noqa: E402,F401  (registers guard, hooks, allocators, minimal ops)
+from . import errors as _errors  # noqa: E402
+
+_errors.install()  # driver errors are torch.AcceleratorError too, as CUDA's are
 
 torch.utils.rename_privateuse1_backend("openreg")
 

@@ -27,6 +27,7 @@ import torch
 
 import openreg
 from torch_openreg import _C
+from torch_openreg.device import sync_debug
 
 from .launch import detach_frames, host_view, launch, launch_extents, run_sync
 
@@ -96,6 +97,9 @@ class OpInfo:
         # Random ops are queued like any other: they draw from the generator when they run, and the
         # generator waits for queued work before the host seeds it or reads or sets its state.
         self.sync_only = not tensor_only or schema.name in CPU_DECIDES_OUTPUTS
+        # The host waits for the device because of the data, as it would on CUDA (not because of what the
+        # simulator needs): PyTorch tags such operators. The sync debug mode reports these.
+        self.host_waits = bool({torch.Tag.dynamic_output_shape, torch.Tag.data_dependent_output} & set(op.tags))
         self.cpu_statistics = schema.name in CPU_STATISTICS
         self.cpu_layout = schema.name in CPU_LAYOUT
         self.out_names = self._out_overload_names(op)
@@ -832,6 +836,13 @@ def _in_place(result: torch.Tensor, view: torch.Tensor) -> bool:
 # LITERALINCLUDE START: SYNC PATH
 def _run_sync(op, info: OpInfo, args, kwargs, tensors, device: torch.device) -> Any:
     """Wait for the stream, run the CPU kernel now, and bring new outputs to the device."""
+    if sync_debug.mode:  # reported only where CUDA would wait too (not for what the simulator needs)
+        with sync_debug.reported(info.name if info.host_waits else None):
+            return _run_sync_now(op, info, args, kwargs, tensors, device)
+    return _run_sync_now(op, info, args, kwargs, tensors, device)
+
+
+def _run_sync_now(op, info: OpInfo, args, kwargs, tensors, device: torch.device) -> Any:
     cpu_args, cpu_kwargs = _swap(args, kwargs, info, device, host_view_or_self, "cpu")
     outs_by_name = {}
     for name in list(cpu_kwargs):
