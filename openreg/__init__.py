@@ -4,7 +4,7 @@ The API mirrors the CUDA runtime (see docs/runtime.md for the table). It never
 imports torch: PyTorch is one client of this runtime, through ``torch_openreg``.
 """
 
-from . import activity, fault  # noqa: F401  (openreg.activity: what ran when, for utilization)
+from . import activity, fault, sanitizer  # noqa: F401  (openreg.activity: what ran when, for utilization)
 from .copy import MemcpyKind, memcpy, memcpy_async
 from .device import (
     DeviceProperties,
@@ -48,12 +48,17 @@ from .stream import (
 def malloc(size: int, device: int | None = None) -> int:
     """Allocate device memory on ``device`` (the current device by default)."""
     fault.install()
-    return _malloc(size, get_device() if device is None else device)
+    device = get_device() if device is None else device
+    ptr = _malloc(size, device)
+    if sanitizer.enabled:
+        sanitizer.allocated(ptr, size, device)
+    return ptr
 
 
-def launch(fn, *args, buffers=(), stream: Stream | None = None, name: str = "kernel") -> int:
-    """Queue ``fn(*args)`` on ``stream`` (the current stream by default) with ``buffers`` opened."""
-    return (stream or current_stream()).launch(fn, *args, buffers=buffers, name=name)
+def launch(fn, *args, buffers=(), stream: Stream | None = None, name: str = "kernel", writes=None) -> int:
+    """Queue ``fn(*args)`` on ``stream`` (the current stream by default) with ``buffers`` opened;
+    ``writes``: those of them it writes (for the stream sanitizer; None: any of them)."""
+    return (stream or current_stream()).launch(fn, *args, buffers=buffers, name=name, writes=writes)
 
 
 __all__ = [

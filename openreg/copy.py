@@ -38,7 +38,7 @@ def _side(ptr: int, nbytes: int, want_device: bool, role: str) -> memory.Allocat
     return alloc
 
 
-def _check(dst: int, src: int, nbytes: int, kind: MemcpyKind) -> tuple[Stream, tuple[int, ...]]:
+def _check(dst: int, src: int, nbytes: int, kind: MemcpyKind) -> tuple[Stream, tuple, tuple]:
     try:
         kind = MemcpyKind(kind)
     except ValueError:
@@ -51,22 +51,22 @@ def _check(dst: int, src: int, nbytes: int, kind: MemcpyKind) -> tuple[Stream, t
     # extents, not whole allocations: a copy opens only the pages it touches
     buffers = tuple((p, nbytes) for p, a in ((dst, dst_alloc), (src, src_alloc)) if a is not None)
     device = device_side.device if device_side is not None else None
-    return current_stream(device), buffers
+    return current_stream(device), buffers, buffers[:1] if dst_alloc is not None else ()  # (what it writes)
 
 
 # LITERALINCLUDE START: RUNTIME MEMCPY
 def memcpy_async(dst: int, src: int, nbytes: int, kind: MemcpyKind, stream: Stream | None = None) -> None:
     """Queue a copy of ``nbytes`` on ``stream`` (default: current stream of the device side)."""
-    default, buffers = _check(dst, src, nbytes, kind)
+    default, buffers, writes = _check(dst, src, nbytes, kind)
     if nbytes:
-        (stream or default).launch(ctypes.memmove, dst, src, nbytes, buffers=buffers, name="memcpy")
+        (stream or default).launch(ctypes.memmove, dst, src, nbytes, buffers=buffers, writes=writes, name="memcpy")
 
 
 def memcpy(dst: int, src: int, nbytes: int, kind: MemcpyKind) -> None:
     """Copy and wait for the copy (and the work queued before it on that stream)."""
-    stream, buffers = _check(dst, src, nbytes, kind)
+    stream, buffers, writes = _check(dst, src, nbytes, kind)
     if nbytes:
-        seq = stream.launch(ctypes.memmove, dst, src, nbytes, buffers=buffers, name="memcpy")
+        seq = stream.launch(ctypes.memmove, dst, src, nbytes, buffers=buffers, writes=writes, name="memcpy")
         stream.wait_for(seq)
         stream.check_error()
 # LITERALINCLUDE END: RUNTIME MEMCPY

@@ -24,6 +24,8 @@ class ErrorCode(enum.IntEnum):
     DOUBLE_FREE = 701
     LAUNCH_FAILURE = 719
     NOT_SUPPORTED = 801
+    # openreg's own (no cudaError_t counterpart: CUDA's compute-sanitizer reports races, its runtime does not)
+    STREAM_RACE = 9001  # the stream sanitizer (openreg.sanitizer) found a launch that races with another stream
 
 
 # LITERALINCLUDE START: ERROR CLASS

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+from . import sanitizer
 from .device import check_device, get_device
 from .errors import ErrorCode, OpenRegError
 from .stream import Stream, _Queue, current_stream
@@ -18,6 +19,7 @@ class Event:
         self._queue: _Queue | None = None
         self._seq = 0
         self._time_ns: int | None = None
+        self._clock: dict | None = None  # the stream sanitizer's clock of the recorded point
 
     def __repr__(self) -> str:
         recorded = self._queue is not None
@@ -39,6 +41,7 @@ class Event:
         else:
             self._seq = stream.launched
         self._queue = stream._q
+        self._clock = sanitizer.record(stream._q, self._seq) if sanitizer.enabled else None
 
     def _stamp(self) -> None:
         self._time_ns = time.perf_counter_ns()
@@ -56,12 +59,16 @@ class Event:
             return False
         if self._queue is not None:
             self._queue.settle()  # a host that saw its work finish finds device memory closed
+        if sanitizer.enabled:  # and is ordered after it
+            sanitizer.host_joins(self._clock)
         return True
 
     def synchronize(self) -> None:
         """Block until the captured work has finished."""
         if self._queue is not None:
             self._queue.wait_for(self._seq)
+            if sanitizer.enabled:
+                sanitizer.host_joins(self._clock)
 
     def elapsed_time(self, end: Event) -> float:
         """Milliseconds between this event and ``end``, both recorded, timed and complete."""

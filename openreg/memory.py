@@ -23,7 +23,7 @@ import resource
 import threading
 from dataclasses import dataclass, field
 
-from . import _libc
+from . import _libc, sanitizer
 from .device import check_device, device_capacity, device_count, forked, start
 from .errors import ErrorCode, OpenRegError
 
@@ -150,6 +150,8 @@ def free(ptr: int) -> None:
 
 def _free(ptr: int, kind: str) -> None:
     """Mark a ``kind`` allocation freed; release it now unless queued work still names it."""
+    if sanitizer.enabled:  # no launch can name these bytes any more: the sanitizer forgets their accesses
+        sanitizer.forget(ptr)
     with _lock:
         alloc = _allocs.get(ptr)
         if alloc is None or alloc.kind != kind or alloc.free_pending:

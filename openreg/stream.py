@@ -26,7 +26,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from . import activity, memory
+from . import activity, memory, sanitizer
 from .device import check_device, device_count, forked, get_device, start
 from .errors import ErrorCode, OpenRegError, launch_failure
 
@@ -318,14 +318,21 @@ class Stream:
         return f"openreg.Stream(device={self.device}, id={self.id}, priority={self.priority})"
 
     # LITERALINCLUDE START: STREAM LAUNCH
-    def launch(self, fn: Callable[..., Any], *args: Any, buffers: tuple | list = (), name: str = "kernel") -> int:
+    def launch(self, fn: Callable[..., Any], *args: Any, buffers: tuple | list = (), name: str = "kernel",
+               writes: tuple | list | None = None) -> int:
         """Queue ``fn(*args)``; ``buffers`` are what it may touch: pointers or ``(pointer, nbytes)`` extents.
 
         Returns the launch's sequence number on this stream. The buffers are pinned
         at once (a free before the work ends is deferred) and opened to the host
         when ``fn`` runs; they are closed again by the time the host has synchronized.
+        ``writes`` names those it writes, for the stream sanitizer (None: any of them).
         """
         start()
+        if sanitizer.enabled:  # the stream sanitizer (openreg/sanitizer.py): a launch that races raises here
+            race = sanitizer.launch(self._q, buffers, writes, name, fn, args)
+            if race is not None:
+                fn = args = None  # this frame stays in the traceback: not with the kernel's arguments
+                raise race
         spans = memory.acquire(buffers) if buffers else []
         q = self._q
         with q.lock:  # the conditions' lock, taken directly: cheaper than entering a Condition
@@ -338,19 +345,28 @@ class Stream:
                 q.worker.start()
             if q.idle:
                 q.wake.notify()
-        if LAUNCH_BLOCKING:
-            self.synchronize()
+        if LAUNCH_BLOCKING:  # (a debugging wait, not the program's: the sanitizer does not count it)
+            q.wait_for(seq)
+            self.check_error()
         return seq
     # LITERALINCLUDE END: STREAM LAUNCH
 
     # LITERALINCLUDE START: STREAM RUN HERE
-    def run_here(self, fn: Callable[..., Any], *args: Any, buffers: tuple | list = (), name: str = "kernel") -> Any:
+    def run_here(self, fn: Callable[..., Any], *args: Any, buffers: tuple | list = (), name: str = "kernel",
+                 writes: tuple | list | None = None, host_sync: bool = True) -> Any:
         """Launch ``fn(*args)`` and run it on the calling thread, in stream order: a launch followed by a
         synchronize, where the caller runs the kernel itself. Returns ``fn``'s result; an earlier kernel's
         error is reported first (LAUNCH_FAILURE), then ``fn``'s own exception is raised as it is, and
         its warnings are the caller's: what a host-side check in a CUDA operator gives at the call.
+        ``writes`` as for :meth:`launch`; ``host_sync=False`` says the host runs it here for reasons of its
+        own, not to wait for the device (a CUDA program would not): the sanitizer does not count the wait.
         """
         start()
+        if sanitizer.enabled:  # the stream sanitizer: a launch that races raises here
+            race = sanitizer.launch(self._q, buffers, writes, name, fn, args, host=host_sync)
+            if race is not None:
+                fn = args = None  # this frame stays in the traceback: not with the kernel's arguments
+                raise race
         spans = memory.acquire(buffers) if buffers else []
         q = self._q
         item = _Item(fn, args, spans, name, 0)
@@ -366,6 +382,8 @@ class Stream:
             if item.outcome is None:  # interrupted (KeyboardInterrupt) before it ran: an ordinary launch now
                 with q.lock:
                     item.owner = 0
+        if host_sync and sanitizer.enabled:
+            sanitizer.host_waits(q, item.seq)
         self.check_error()
         ok, value = item.outcome
         if not ok:
@@ -377,10 +395,15 @@ class Stream:
     def wait_for(self, seq: int) -> None:
         """Block until launch number ``seq`` on this stream has finished."""
         self._q.wait_for(seq)
+        if sanitizer.enabled:
+            sanitizer.host_waits(self._q, seq)
 
     def synchronize(self) -> None:
         """Wait for all work launched so far, then report a kernel error if one happened."""
-        self._q.wait_for(self._q.launched)
+        seq = self._q.launched
+        self._q.wait_for(seq)
+        if sanitizer.enabled:
+            sanitizer.host_waits(self._q, seq)
         self.check_error()
 
     def check_error(self) -> None:
@@ -389,7 +412,11 @@ class Stream:
 
     def query(self) -> bool:
         """True if all launched work has finished (device memory is then closed to the host)."""
-        return self._q.settle()
+        seq = self._q.launched
+        done = self._q.settle()
+        if done and sanitizer.enabled:  # a host that saw the work finish is ordered after it
+            sanitizer.host_waits(self._q, seq)
+        return done
 
     @property
     def launched(self) -> int:
@@ -398,6 +425,8 @@ class Stream:
 
     def wait_event(self, event: Event) -> None:  # noqa: F821 - defined in event.py
         """Make later work on this stream wait for ``event`` (``cudaStreamWaitEvent``)."""
+        if sanitizer.enabled:  # ordered even when the event's work is done already: CUDA promises no less
+            sanitizer.stream_waits(self._q, event._clock)
         target = event.pending()
         if target is None:
             return  # never recorded or already complete: nothing to wait for
@@ -504,7 +533,10 @@ def drain(device: int | None = None) -> list[_Queue]:
             refs = _device_queues[device] = [weakref.ref(q) for (d, _), q in list(_queues.items()) if d == device]
     queues = [q for q in (ref() for ref in refs) if q is not None]
     for q in queues:
-        q.wait_for(q.launched)
+        seq = q.launched
+        q.wait_for(seq)
+        if sanitizer.enabled:
+            sanitizer.host_waits(q, seq)
     return queues
 
 

@@ -39,3 +39,13 @@ def run_python():
         )
 
     return run
+
+
+@pytest.fixture
+def deliberate_race():
+    """For a test that races streams on purpose (to show what a missing synchronization does): the stream
+    sanitizer (``openreg.sanitizer``) is off while it runs, whatever ``OPENREG_STREAM_SANITIZER`` says."""
+    from openreg import sanitizer
+
+    with sanitizer.sanitizing(False):
+        yield

@@ -232,7 +232,8 @@ def copy_device_to_device(dst: int, src: int, nbytes: int, device: int) -> None:
 
 
 # LITERALINCLUDE START: BRIDGE LAUNCH
-def launch(device: int, kernel, buffers: list[int], name: str) -> None:
-    """Queue a C++ kernel (a callable from the bridge) on ``device``'s current stream."""
-    openreg.current_stream(_dev(device)).launch(kernel, buffers=buffers, name=name)
+def launch(device: int, kernel, buffers: list, name: str, writes: list | None = None) -> None:
+    """Queue a C++ kernel (a callable from the bridge) on ``device``'s current stream; ``writes``: the extents
+    it writes (for the stream sanitizer)."""
+    openreg.current_stream(_dev(device)).launch(kernel, buffers=buffers, name=name, writes=writes)
 # LITERALINCLUDE END: BRIDGE LAUNCH

@@ -91,7 +91,7 @@ def test_wait_event_orders_work_across_streams(gate):
     openreg.free(p)
 
 
-def test_without_wait_event_streams_are_independent(gate):
+def test_without_wait_event_streams_are_independent(gate, deliberate_race):
     p = openreg.malloc(8)
     a, b = openreg.Stream(), openreg.Stream()
     seen = []

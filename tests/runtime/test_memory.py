@@ -249,8 +249,9 @@ def test_an_extent_opens_only_its_pages(host_prot):
         openreg.free(p)
 
 
-def test_overlapping_extents_on_two_streams_are_reference_counted(gate, host_prot):
-    """The first kernel to finish closes only the pages no running kernel still names."""
+def test_overlapping_extents_on_two_streams_are_reference_counted(gate, host_prot, deliberate_race):
+    """The first kernel to finish closes only the pages no running kernel still names (the two streams
+    race on purpose)."""
     page = mmap.PAGESIZE
     p = openreg.malloc(3 * page)
     seen = {}
@@ -455,8 +456,8 @@ def test_free_waits_for_every_launch_naming_the_buffer(gate):
     base = openreg.memory_used(0)
     p = openreg.malloc(64)
     a, b = openreg.Stream(), openreg.Stream()
-    a.launch(lambda: None, buffers=[p])
-    b.launch(gate.wait, buffers=[p])
+    a.launch(lambda: None, buffers=[p], writes=())  # (neither touches the memory: no race)
+    b.launch(gate.wait, buffers=[p], writes=())
     a.synchronize()
     openreg.free(p)
     assert openreg.memory_used(0) == base + PAGE  # b still names it

@@ -302,6 +302,7 @@ def test_stream_region_inside_a_compiled_function(launches):
 
     @torch.compile(fullgraph=True)
     def fn(x):
+        side.wait_stream(torch.openreg.current_stream())  # x was written on the current stream
         with torch.openreg.stream(side):
             y = x.sin() * 2
         torch.openreg.current_stream().wait_stream(side)

@@ -256,6 +256,7 @@ def test_record_stream_holds_the_block_until_the_other_stream_is_done(asynchrono
         ptr = x.data_ptr()
         torch.ones(1024, device="openreg").mul_(2)  # the call shape is checked: its later calls are queued
     _block_stream(b, 0.3)
+    b.wait_stream(a)  # x was written on a
     with dev.stream(b):
         x.mul_(2)
     x.record_stream(b)

@@ -32,7 +32,8 @@ def copy_from(src: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False) 
     """
     if src.get_device() >= 0 and dst.get_device() >= 0:
         if src.device == dst.device:
-            launch(dst.device.index, _copy_into, host_view(dst), host_view(src), tensors=(dst, src), name="copy_d2d")
+            launch(dst.device.index, _copy_into, host_view(dst), host_view(src), tensors=(dst, src), writes=(dst,),
+                   name="copy_d2d")
             return dst
         # Peer copy, ordered both ways as CUDA orders it: it runs on the destination's stream after
         # the source's pending work, and the source's stream waits for it, so that the source's
@@ -42,7 +43,8 @@ def copy_from(src: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False) 
         ready = openreg.Event()
         ready.record(src_stream)
         dst_stream.wait_event(ready)
-        launch(dst.device.index, _copy_into, host_view(dst), host_view(src), tensors=(dst, src), name="copy_peer")
+        launch(dst.device.index, _copy_into, host_view(dst), host_view(src), tensors=(dst, src), writes=(dst,),
+               name="copy_peer")
         done = openreg.Event()
         done.record(dst_stream)
         src_stream.wait_event(done)
@@ -51,15 +53,19 @@ def copy_from(src: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False) 
         device, tensors, args, host = dst.device.index, (dst,), (host_view(dst), _C._cpu_alias(src)), src
     else:  # device to host
         device, tensors, args, host = src.device.index, (src,), (_C._cpu_alias(dst), host_view(src)), dst
+    writes = tensors if host is src else ()  # the device side: written from the host, or read to it
     if non_blocking and host.is_pinned():
-        stream, _ = launch(device, _copy_into, *args, tensors=tensors, name="copy_async")
+        stream, _ = launch(device, _copy_into, *args, tensors=tensors, writes=writes, name="copy_async")
         # The pinned block must not be handed out again before this copy has run.
         host_allocator.record_event(host.untyped_storage().data_ptr(), stream)
     else:
         # Pageable host memory: the copy waits for itself (as cudaMemcpy from pageable memory does).
         if sync_debug.mode:
             sync_debug.check(f"copy {'to' if host is dst else 'from'} pageable host memory (aten::_copy_from)")
-        run_sync(device, _copy_into, *args, tensors=tensors, name="copy")
+        # To the host the copy is a host read; from the host, with non_blocking, CUDA returns before the copy
+        # has run (the data is staged): no host synchronization for the stream sanitizer.
+        run_sync(device, _copy_into, *args, tensors=tensors, name="copy", writes=writes,
+                 host_sync=host is dst or not non_blocking)
     return dst
 # LITERALINCLUDE END: COPY FROM
 
@@ -85,5 +91,5 @@ def local_scalar_dense(t: torch.Tensor) -> int | float | bool | complex:
     """``aten::_local_scalar_dense`` (``.item()``): waits for the current stream, reads one value."""
     if sync_debug.mode:
         sync_debug.check("aten::_local_scalar_dense (.item())")
-    return run_sync(t.device.index, lambda v: v.item(), host_view(t), tensors=(t,), name="item")
+    return run_sync(t.device.index, lambda v: v.item(), host_view(t), tensors=(t,), writes=(), name="item")
 # LITERALINCLUDE END: LOCAL SCALAR DENSE

@@ -21,7 +21,7 @@ def scaled_mul(x: torch.Tensor, y: torch.Tensor, alpha: float) -> torch.Tensor:
     torch._check(x.shape == y.shape, lambda: "scaled_mul: x and y must have the same shape")  # at the call
     out = torch.empty_like(x)
     launch(x.device.index, _scaled_mul_kernel, host_view(out), host_view(x), host_view(y), alpha,
-           tensors=(out, x, y), name="openreg::scaled_mul")
+           tensors=(out, x, y), writes=(out,), name="openreg::scaled_mul")
     return out
 
 
@@ -65,7 +65,7 @@ lib.define("count_nonfinite(Tensor x) -> Tensor")
 def softclip_openreg(x: torch.Tensor, limit: float) -> torch.Tensor:
     """``limit * tanh(x / limit)`` on the device."""
     out = torch.empty_like(x)
-    launch(x.device.index, _softclip_kernel, host_view(out), host_view(x), limit, tensors=(out, x),
+    launch(x.device.index, _softclip_kernel, host_view(out), host_view(x), limit, tensors=(out, x), writes=(out,),
            name="openreg::softclip")
     return out
 
@@ -117,7 +117,7 @@ def count_nonfinite_openreg(x: torch.Tensor) -> torch.Tensor:
     """Number of NaN/inf elements, as a 0-dim int64 device tensor (not differentiable)."""
     out = torch.empty((), dtype=torch.int64, device=x.device)
     launch(x.device.index, lambda o, v: o.fill_((~torch.isfinite(v)).sum()), host_view(out), host_view(x),
-           tensors=(out, x), name="openreg::count_nonfinite")
+           tensors=(out, x), writes=(out,), name="openreg::count_nonfinite")
     return out
 
 

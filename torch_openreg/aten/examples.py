@@ -22,7 +22,7 @@ def silu(x: torch.Tensor) -> torch.Tensor:
     if not (x.is_floating_point() or x.is_complex()):  # checks run at the call, as on a real device
         raise RuntimeError(f"silu: expected a floating point or complex tensor, got {x.dtype}")
     out = torch.empty_like(x)
-    launch(x.device.index, _silu_kernel, host_view(out), host_view(x), tensors=(out, x), name="silu")
+    launch(x.device.index, _silu_kernel, host_view(out), host_view(x), tensors=(out, x), writes=(out,), name="silu")
     return out
 
 

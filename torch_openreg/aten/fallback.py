@@ -560,8 +560,22 @@ def _run_async(op, info: OpInfo, args, kwargs, tensors, device: torch.device, me
     written = [t for _, o in fresh for t in (o if isinstance(o, (list, tuple)) else [o]) if t is not None]
     targets = [(i, _map(o, host_view)) for i, o in fresh]
     kernel = _CopyKernel(op, cpu_args, cpu_kwargs, targets, len(info.returns), _call_shape(op, tensors))
-    launch(device.index, kernel, tensors=[*tensors, *written], name=info.name, sync=check)
+    launch(device.index, kernel, tensors=[*tensors, *written], name=info.name, sync=check,
+           writes=_writes(info, args, kwargs, written))
     return _pack(outs)
+
+
+# LITERALINCLUDE START: WRITE SET
+def _writes(info: OpInfo, args: tuple, kwargs: dict, fresh: list = (), extents: bool = False) -> list | None:
+    """What a launch of this call writes, for the stream sanitizer (None while it is off): the arguments its
+    schema marks written (an in-place ``self``, ``out=``) and its fresh outputs; as extents if asked."""
+    if not openreg.sanitizer.enabled:
+        return None
+    written = [info.value(args, kwargs, i) for i, a in enumerate(info.arguments)
+               if a.alias_info is not None and a.alias_info.is_write]
+    tensors = [*_tensors(tuple(written), {}), *(t for t in fresh if isinstance(t, torch.Tensor))]
+    return _C._extents(tensors) if extents else tensors
+# LITERALINCLUDE END: WRITE SET
 
 
 def _call_shape(op, tensors: list) -> tuple:
@@ -625,7 +639,8 @@ class _Plan:
         else:  # an out= overload called directly: it returns its out= arguments
             outs = [info.value(args, kwargs, arg) for _, arg in info.returns]
             kernel = _OutKernel(info, self.op, host_args, host_kwargs, info.out_kwargs, self.scratch)
-        launch_extents(self.index, kernel, extents=extents, name=info.name, sync=check)
+        launch_extents(self.index, kernel, extents=extents, name=info.name, sync=check,
+                       writes=_writes(info, args, kwargs, outs, extents=True))
         return _pack(outs)
 
 
@@ -852,7 +867,8 @@ def _run_sync_now(op, info: OpInfo, args, kwargs, tensors, device: torch.device)
             outs_by_name[name] = kwargs[name]  # out=: let the CPU kernel size a host tensor, copy after
             cpu_kwargs[name] = _map(kwargs[name], lambda t: torch.empty(0, dtype=t.dtype))
     try:
-        result = run_sync(device.index, lambda: op(*cpu_args, **cpu_kwargs), tensors=tensors, name=info.name)
+        result = run_sync(device.index, lambda: op(*cpu_args, **cpu_kwargs), tensors=tensors, name=info.name,
+                          writes=_writes(info, args, kwargs), host_sync=info.host_waits)
     except BaseException:
         cpu_args = cpu_kwargs = None  # this frame stays in the traceback: it must not show the host views
         raise

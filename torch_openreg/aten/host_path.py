@@ -64,8 +64,10 @@ def _run(op, info: OpInfo, args: tuple, kwargs: dict, on_host, parts, validate) 
     device = device_of(op.name(), tensors)
     extents = [p for t in tensors if t.device.type != "cpu" for p in parts(t)]
     inplace = [kind == INPLACE for kind, _ in info.returns]
+    written = [p for kind, arg in info.returns if kind == INPLACE for p in parts(info.value(args, kwargs, arg))]
     results = run_sync(device.index, _kernel, op, on_host(args), {k: on_host(v) for k, v in kwargs.items()},
-                       inplace, parts, validate, tensors=extents, name=op.name())
+                       inplace, parts, validate, tensors=extents, writes=written, name=op.name(),
+                       host_sync=info.host_waits)
     if results is None:
         return None
     final = []

@@ -70,43 +70,49 @@ openreg.stream.set_kernel_context(_C._KernelScope)
 
 # LITERALINCLUDE START: LAUNCH
 def launch(device: int, fn: Callable[..., Any], *args: Any, tensors: tuple | list, name: str,
-           sync: bool = False) -> Any:
+           sync: bool = False, writes: tuple | list | None = None, host_sync: bool = False) -> Any:
     """Queue ``fn(*args)`` on ``device``'s current stream; returns ``(stream, seq)``.
 
-    With ``sync``, run it here instead, in stream order (``Stream.run_here``), and return its result.
+    With ``sync``, run it here instead, in stream order (``Stream.run_here``), and return its result
+    (``host_sync``: because the host waits for the device there, as a CUDA program would).
+    ``writes``: those of ``tensors`` the kernel writes (None: any of them), for the stream sanitizer.
     """
     try:
         # the storages' extents: the runtime opens only their pages while the kernel runs
-        return launch_extents(device, fn, *args, extents=_C._extents(tensors), name=name, sync=sync)
+        written = _C._extents(writes) if writes is not None and openreg.sanitizer.enabled else None
+        return launch_extents(device, fn, *args, extents=_C._extents(tensors), name=name, sync=sync,
+                              writes=written, host_sync=host_sync)
     except BaseException:
         args = tensors = ()  # noqa: F841 - this frame is in the traceback: it must not show the host views
         raise
 
 
 def launch_extents(device: int, fn: Callable[..., Any], *args: Any, extents: list, name: str,
-                   sync: bool = False) -> Any:
-    """:func:`launch` for a caller that has the ``(pointer, nbytes)`` extents already."""
+                   sync: bool = False, writes: list | None = None, host_sync: bool = False) -> Any:
+    """:func:`launch` for a caller that has the ``(pointer, nbytes)`` extents already (``writes`` too)."""
     stream = openreg.current_stream(device)
     kernel = _Kernel(fn, args)
-    args = ()  # this frame may be in a traceback (sync): the kernel holds the host views, not the frame
-    if sync:
-        try:
-            return stream.run_here(kernel, buffers=extents, name=name)
-        except BaseException:
-            kernel = None
-            raise
-    return stream, stream.launch(kernel, buffers=extents, name=name)
+    args = ()  # this frame may be in a traceback: the kernel holds the host views, not the frame
+    try:
+        if sync:
+            return stream.run_here(kernel, buffers=extents, name=name, writes=writes, host_sync=host_sync)
+        return stream, stream.launch(kernel, buffers=extents, name=name, writes=writes)
+    except BaseException:
+        kernel = None
+        raise
 
 
-def run_sync(device: int, fn: Callable[..., Any], *args: Any, tensors: tuple | list, name: str) -> Any:
+def run_sync(device: int, fn: Callable[..., Any], *args: Any, tensors: tuple | list, name: str,
+             writes: tuple | list | None = None, host_sync: bool = True) -> Any:
     """Launch ``fn(*args)``, run it on this thread once the stream's earlier work is done, and return its
     result; ``fn``'s own error (and its warnings) reach the caller as they are.
 
     An error of an earlier asynchronous kernel on the stream is reported first,
-    as the ``OpenRegError`` (LAUNCH_FAILURE) a synchronizing call reports.
+    as the ``OpenRegError`` (LAUNCH_FAILURE) a synchronizing call reports. ``host_sync=False``: the host
+    waits for the simulator's sake only (a CUDA kernel would not), which the stream sanitizer ignores.
     """
     try:
-        return launch(device, fn, *args, tensors=tensors, name=name, sync=True)
+        return launch(device, fn, *args, tensors=tensors, name=name, sync=True, writes=writes, host_sync=host_sync)
     except BaseException:
         args = tensors = ()  # noqa: F841 - this frame is in the traceback: it must not show the host views
         raise

@@ -73,7 +73,7 @@ def quantize_per_tensor(x: torch.Tensor, scale: float, zero_point: int, dtype: t
     q = torch._empty_affine_quantized(x.shape, scale=scale, zero_point=zero_point, dtype=dtype, device=x.device)
     ints = _ints(q)
     launch(x.device.index, _quantize, host_view(ints), host_view(x), (scale, zero_point), dtype,
-           tensors=(ints, x), name="quantize_per_tensor")
+           tensors=(ints, x), writes=(ints,), name="quantize_per_tensor")
     return q
 
 
@@ -103,7 +103,7 @@ def quantize_per_channel(x: torch.Tensor, scales: torch.Tensor, zero_points: tor
     qparams = _qparams(q)  # on the device now, converted as the CPU's quantizer converts them
     ints = _ints(q)
     launch(x.device.index, _quantize, host_view(ints), host_view(x), _host_qparams(qparams), dtype,
-           tensors=(ints, x, *_device_qparams(qparams)), name="quantize_per_channel")
+           tensors=(ints, x, *_device_qparams(qparams)), writes=(ints,), name="quantize_per_channel")
     return q
 
 
@@ -119,7 +119,7 @@ def dequantize(q: torch.Tensor) -> torch.Tensor:
     out = torch.empty(q.shape, dtype=torch.float32, device=q.device)
     ints, qparams = _ints(q), _qparams(q)
     launch(q.device.index, _dequantize, host_view(out), host_view(ints), _host_qparams(qparams),
-           tensors=(out, ints, *_device_qparams(qparams)), name="dequantize")
+           tensors=(out, ints, *_device_qparams(qparams)), writes=(out,), name="dequantize")
     return out
 
 

@@ -73,7 +73,8 @@ def _dynamic_linear(name: str, op, unpack, with_range: bool):
                                f"{in_features} input features")
         out = torch.empty(*x.shape[:-1], out_features, device=x.device)
         args = (packed, reduce_range) if with_range else (packed,)
-        launch(x.device.index, _run_into, host_view(out), op, host_view(x), *args, tensors=(out, x), name=name)
+        launch(x.device.index, _run_into, host_view(out), op, host_view(x), *args, tensors=(out, x), writes=(out,),
+               name=name)
         return out
 
     return kernel
@@ -119,7 +120,7 @@ def recurrent(op, name: str):
         device = tensors[0].device
         with sync_debug.reported(None):  # the simulator's own wait: CUDA's kernel would not
             results = run_sync(device.index, functools.partial(op, **kwargs), *(_on_host(a) for a in args),
-                               tensors=tensors, name=name)
+                               tensors=tensors, writes=(), name=name, host_sync=False)
             return tuple(r.to(device) for r in results)
 
     return kernel

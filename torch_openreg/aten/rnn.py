@@ -19,7 +19,7 @@ def _run(name, kernel, outs, ins, *extra):
     outs = [o for o in outs]
     device = next(t for t in ins if t is not None).device
     launch(device.index, kernel, host_views(*outs), *host_views(*ins), *extra,
-           tensors=[t for t in (*outs, *ins) if t is not None], name=name)
+           tensors=[t for t in (*outs, *ins) if t is not None], writes=[t for t in outs if t is not None], name=name)
 
 
 # LITERALINCLUDE START: LSTM CELL

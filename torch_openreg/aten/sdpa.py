@@ -161,10 +161,10 @@ def attention_forward(query, key, value, attn_bias=None, dropout_p=0.0, is_causa
     # (host views only as the launch's arguments: a frame an error passes through must not hold them)
     if _cpu_uses_flash(query, key, value, attn_bias, dropout_p):
         launch(dev.index, _flash_forward_kernel, *host_views(out, lse, query, key, value, attn_bias), is_causal,
-               scale, tensors=tensors, name="sdpa_overrideable")
+               scale, tensors=tensors, writes=(out, lse), name="sdpa_overrideable")
     else:
         launch(dev.index, _forward_kernel, *host_views(out, lse, query, key, value, attn_bias), dropout_p,
-               is_causal, scale, state.data, gen, tensors=tensors, name="sdpa_overrideable")
+               is_causal, scale, state.data, gen, tensors=tensors, writes=(out, lse), name="sdpa_overrideable")
     # (``.data``: the kernel's write must not bump the version autograd saved the state at)
     offset_t = torch.tensor(0, dtype=torch.int64)
     debug = torch.empty(0, dtype=query.dtype, device=dev)
@@ -220,12 +220,12 @@ def attention_backward(grad_out, query, key, value, attn_bias, grad_input_mask, 
         launch(query.device.index, _flash_backward_kernel, host_views(*grads[:3]),
                *host_views(*inputs, out, logsumexp), is_causal, scale,
                tensors=[*grads, *(t for t in (*inputs, out, logsumexp) if t is not None)],
-               name="sdpa_overrideable_backward")
+               writes=[g for g in grads[:3] if g is not None], name="sdpa_overrideable_backward")
         return tuple(grads)
     launch(query.device.index, _backward_kernel, host_views(*grads),
            *host_views(*inputs), dropout_p, is_causal, scale,
            philox_seed, want_bias, tensors=[*grads, *(t for t in inputs if t is not None)],
-           name="sdpa_overrideable_backward")
+           writes=[g for g in grads if g is not None], name="sdpa_overrideable_backward")
     return tuple(grads)
 
 

@@ -23,7 +23,7 @@ def _into_zeros(grad: torch.Tensor, input_sizes: Sequence[int], view_of, name: s
     part = view_of(out)  # a bad dim or index raises here, at the call, as on the CPU
     source = grad.expand_as(part)  # as does a gradient of the wrong shape
     launch(grad.device.index, _zero_and_copy, host_view(out), host_view(part), host_view(source),
-           tensors=(out, grad), name=name)
+           tensors=(out, grad), writes=(out,), name=name)
     return out
 
 

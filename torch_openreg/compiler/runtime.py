@@ -17,6 +17,7 @@ from collections.abc import Callable
 
 import torch
 
+import openreg
 from torch_openreg import _C
 from torch_openreg.aten.launch import launch_extents
 
@@ -33,12 +34,15 @@ def empty_strided_openreg(size: tuple, stride: tuple, dtype: torch.dtype, index:
     return torch.empty_strided(size, stride, dtype=dtype, device=device)
 
 
-def launch_kernels(index: int, name: str, tensors: tuple, *calls: Callable | tuple) -> None:
+def launch_kernels(index: int, name: str, tensors: tuple, *calls: Callable | tuple,
+                   written: tuple | None = None) -> None:
     """Queue ``calls`` (kernel, args, kernel, args, ...) as one launch on ``openreg:index``'s current stream.
 
     ``tensors`` are every tensor the kernels touch: the launch opens their storages' pages while it runs.
+    ``written`` are those the kernels write (their non-``const`` pointer arguments), for the stream sanitizer.
     """
-    launch_extents(index, _run_kernels, calls, extents=_C._extents(tensors), name=name)
+    writes = _C._extents(written) if written is not None and openreg.sanitizer.enabled else None
+    launch_extents(index, _run_kernels, calls, extents=_C._extents(tensors), name=name, writes=writes)
 
 
 def _run_kernels(calls: tuple) -> None:

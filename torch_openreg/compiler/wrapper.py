@@ -42,21 +42,23 @@ class LaunchKernelsLine(WrapperLine):
     """One launch on ``openreg:index``'s current stream running ``kernels`` in order."""
 
     index: int
-    kernels: list[tuple[str, list[str], list[str]]]  # (kernel name, call args, tensor args)
+    kernels: list[tuple[str, list[str], list[str], list[str]]]  # (kernel name, call args, tensor args, written)
 
     def codegen(self, code: IndentedBuffer) -> None:
-        tensors = list(dict.fromkeys(t for _, _, names in self.kernels for t in names))
-        calls = ", ".join(f"{name}, ({''.join(a + ', ' for a in args)})" for name, args, _ in self.kernels)
-        label = "+".join(name for name, _, _ in self.kernels)
-        code.writeline(f"launch_kernels({self.index}, {label!r}, ({''.join(t + ', ' for t in tensors)}), {calls})")
+        tensors = list(dict.fromkeys(t for _, _, names, _ in self.kernels for t in names))
+        written = list(dict.fromkeys(t for _, _, _, names in self.kernels for t in names))
+        calls = ", ".join(f"{name}, ({''.join(a + ', ' for a in args)})" for name, args, _, _ in self.kernels)
+        label = "+".join(name for name, _, _, _ in self.kernels)
+        code.writeline(f"launch_kernels({self.index}, {label!r}, ({''.join(t + ', ' for t in tensors)}), {calls}, "
+                       f"written=({''.join(t + ', ' for t in written)}))")
 
 
 def _is_openreg_cpp_call(line: object) -> bool:
     return isinstance(line, KernelCallLine) and not line.triton and line.device.type == "openreg"
 
 
-def _launch_of(call: KernelCallLine) -> tuple[str, list[str], list[str]]:
-    """(kernel, call arguments, tensor arguments) of a kernel call, for a launch.
+def _launch_of(call: KernelCallLine) -> tuple[str, list[str], list[str], list[str]]:
+    """(kernel, call arguments, tensor arguments, written tensor arguments) of a kernel call, for a launch.
 
     A host (CPU) tensor the kernel only reads, such as an optimizer's step count, is copied at launch
     time: the kernel runs later, and the host may change the tensor meanwhile (the next CPU kernel of the
@@ -65,9 +67,10 @@ def _launch_of(call: KernelCallLine) -> tuple[str, list[str], list[str]]:
     args = [str(a) for a in call.call_args]
     types = [str(t) for t in (call.arg_types or [])]
     tensors = [a for a, t in zip(args, types) if t.endswith("*")]  # C++ pointer arguments
+    written = [a for a, t in zip(args, types) if t.endswith("*") and not t.startswith("const")]
     args = [f"{a}.clone()" if t.startswith("const") and t.endswith("*") and _on_host(a) else a
             for a, t in zip(args, types)] + args[len(types):]
-    return call.kernel_name, args, tensors
+    return call.kernel_name, args, tensors, written
 
 
 def _on_host(name: str) -> bool:
@@ -94,7 +97,7 @@ def group_launches(lines: list) -> list:
             out.extend(run)
             run.clear()
             return
-        kernels: list[tuple[str, list[str], list[str]]] = []
+        kernels: list[tuple[str, list[str], list[str], list[str]]] = []
         frees: list = []
         for line in run[: calls[-1] + 1]:
             if _is_openreg_cpp_call(line):
@@ -104,7 +107,8 @@ def group_launches(lines: list) -> list:
             else:
                 if isinstance(line, ReuseLine):
                     old, new = line.node.get_name(), line.reused_as.get_name()
-                    kernels = [(k, _rename(a, old, new), _rename(t, old, new)) for k, a, t in kernels]
+                    kernels = [(k, _rename(a, old, new), _rename(t, old, new), _rename(w, old, new))
+                               for k, a, t, w in kernels]
                 out.append(line)
         out.append(LaunchKernelsLine(run[calls[0]].device.index, kernels))
         out.extend(frees)

@@ -43,21 +43,25 @@ at::Tensor host_view(const at::Tensor& t); // module.cpp
 
 // LITERALINCLUDE START: CPP LAUNCH
 // Queue a C++ closure on the current stream of `device`, naming the storages it
-// may touch: the runtime opens them only while the closure runs. The runtime's
-// `launch` (Python) decides everything else; an exception thrown by the closure
-// is reported like any kernel error, at the next synchronizing call.
+// may touch (the first `written` of them it writes, for the stream sanitizer):
+// the runtime opens them only while the closure runs. The runtime's `launch`
+// (Python) decides everything else; an exception thrown by the closure is
+// reported like any kernel error, at the next synchronizing call.
 void launch(c10::DeviceIndex device, std::function<void()> kernel, const std::vector<at::Tensor>& tensors,
-            const char* name) {
+            size_t written, const char* name) {
   py::gil_scoped_acquire gil;
-  py::list buffers;
-  for (const auto& t : tensors) {
-    buffers.append(py::make_tuple(reinterpret_cast<uintptr_t>(t.storage().data()), t.storage().nbytes()));
+  py::list buffers, writes;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const auto& storage = tensors[i].storage();
+    auto extent = py::make_tuple(reinterpret_cast<uintptr_t>(storage.data()), storage.nbytes());
+    buffers.append(extent);
+    if (i < written) writes.append(extent);
   }
   py::cpp_function fn([kernel = std::move(kernel)]() {
     py::gil_scoped_release nogil; // the kernel is pure C++: let other streams' Python kernels run
     kernel();
   });
-  call("launch", device, fn, buffers, name);
+  call("launch", device, fn, buffers, name, writes);
 }
 // LITERALINCLUDE END: CPP LAUNCH
 
@@ -75,7 +79,7 @@ at::Tensor& fill_scalar(at::Tensor& self, const at::Scalar& value) {
   at::Tensor probe = at::empty({}, self.options().device(c10::kCPU));
   at::fill_(probe, value);
   if (self.numel() == 0) return self;
-  launch(self.device().index(), [view = host_view(self), value]() mutable { at::fill_(view, value); }, {self},
+  launch(self.device().index(), [view = host_view(self), value]() mutable { at::fill_(view, value); }, {self}, 1,
          "fill_ (C++ kernel)");
   return self;
 }
@@ -92,7 +96,7 @@ void abs_kernel(at::TensorIteratorBase& iter) {
   if (out.numel() == 0) return;
   launch(out.device().index(), [out_view = host_view(out), in_view = host_view(in)]() mutable {
     at::abs_out(out_view, in_view);
-  }, {out, in}, "abs (abs_stub)");
+  }, {out, in}, 1, "abs (abs_stub)");
 }
 // LITERALINCLUDE END: ABS STUB
 

@@ -19,7 +19,7 @@ import torch
 
 import openreg as _rt
 
-from . import amp  # noqa: F401  (torch.openreg.amp)
+from . import amp, sanitizer  # noqa: F401  (torch.openreg.amp, torch.openreg.sanitizer)
 from .legacy import STORAGE_TYPES, TENSOR_TYPES
 from .memory import (
     OpenRegPluggableAllocator,
@@ -89,7 +89,7 @@ AcceleratorError = torch.AcceleratorError  # what every other openreg driver err
 has_half = True
 
 # `import torch.openreg.amp` (and .memory, .random, .streams) finds these modules instead of loading copies.
-for _name in ("amp", "memory", "monitoring", "random", "streams"):
+for _name in ("amp", "memory", "monitoring", "random", "sanitizer", "streams"):
     sys.modules[f"torch.openreg.{_name}"] = sys.modules[f"{__name__}.{_name}"]
 
 __all__ = [

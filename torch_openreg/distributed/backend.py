@@ -124,7 +124,8 @@ class OCCL:
         ticket = self.transport.ticket()
         try:
             tensors = [t for op in ops for t in op.tensors]
-            stream, _ = launch(device, self._kernel, work.name, ticket, ops, work, tensors=tensors, name=kernel_name)
+            stream, _ = launch(device, self._kernel, work.name, ticket, ops, work, tensors=tensors,
+                               writes=work.outputs, name=kernel_name)
         except BaseException:
             self._withdraw(ops, ticket)
             raise

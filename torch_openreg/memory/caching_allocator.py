@@ -139,6 +139,8 @@ class DeviceCachingAllocator:
             self.stats.on_malloc(pool, block.size, size, taken, rest)
             if self.history is not None:
                 self._record_alloc(block)
+            if openreg.sanitizer.enabled:  # where the memory was handed out, for the stream sanitizer's reports
+                openreg.sanitizer.allocated(ptr, size, self.device, stream.id)
             return ptr
         finally:
             lock.release()
@@ -151,6 +153,8 @@ class DeviceCachingAllocator:
             block = self.active.pop(ptr)
             del _owners[ptr]
             block.allocated = False
+            if openreg.sanitizer.enabled:  # its accesses stay: the next tensor here is checked against them
+                openreg.sanitizer.freed(ptr, block.size, self.device, block.stream.id)
             if self.history is not None:
                 self._record_free("free_requested", block)
             if block.streams:
