@@ -154,15 +154,16 @@ _starts: list[int] = []  # sorted starts of the disjoint ranges in _segs
 _segs: dict[int, _Seg] = {}
 _allocs: dict[int, tuple[int, tuple, tuple]] = {}  # base -> (bytes, (device, stream id or None), stack), live
 _HISTORY = 64  # clock changes kept per stream
-_DEPTH = 48  # frames kept per stack
-_SHOWN = 8  # frames shown per stack in a report
+_DEPTH = 64  # frames looked at per stack
+_SHOWN = 8  # frames kept (and shown in a report) per stack
 
 _describer: Callable[[Any, tuple, int, int], str | None] | None = None
 _library: tuple[str, ...] = (os.path.dirname(os.path.abspath(__file__)) + os.sep,)
 # The standard library and installed packages (a test runner, a framework): shown only inside the innermost
 # frame of the program's own code, never outside it.
-_installed = tuple({os.path.join(os.path.abspath(p), "") for key in ("stdlib", "platstdlib", "purelib", "platlib")
-                    if (p := sysconfig.get_paths().get(key))})
+_installed = ("<frozen ", *{os.path.join(os.path.abspath(p), "")  # ("<frozen runpy>" and the like too)
+                             for key in ("stdlib", "platstdlib", "purelib", "platlib")
+                             if (p := sysconfig.get_paths().get(key))})
 
 
 def reset() -> None:
@@ -183,17 +184,48 @@ def set_client(describe: Callable[[Any, tuple, int, int], str | None] | None, li
     global _describer, _library
     _describer = describe
     _library = (_library[0], *(os.path.join(os.path.abspath(p), "") for p in library))
+    _kinds.clear()
 # LITERALINCLUDE END: SANITIZER CLIENT
 
 
+LIBRARY, INSTALLED, OWN = 0, 1, 2
+_kinds: dict = {}  # code object -> LIBRARY (runtime or client), INSTALLED (stdlib, site-packages) or OWN
+
+
+def _kind(code: Any) -> int:
+    kind = _kinds.get(code)
+    if kind is None:
+        if len(_kinds) > 1 << 16:  # generated code comes and goes: keep the cache bounded
+            _kinds.clear()
+        path = code.co_filename
+        kind = LIBRARY if path.startswith(_library) else INSTALLED if path.startswith(_installed) else OWN
+        _kinds[code] = kind
+    return kind
+
+
 def _stack() -> tuple:
-    """The launching thread's Python stack, compactly: (code, line) pairs, innermost first."""
-    frames = []
+    """The launching thread's Python stack as a report shows it, compactly: up to ``_SHOWN`` (code, line) pairs,
+    innermost first, outside the runtime and its client's library, and of installed packages (a test runner, a
+    framework) only those inside the program's innermost own frame; the innermost frames if none qualifies
+    (a launch from C++, such as the autograd engine's thread). Capturing costs a walk up the frames, no text."""
+    kept, first, own = [], [], False
     f = sys._getframe(2)
-    while f is not None and len(frames) < _DEPTH:
-        frames.append((f.f_code, f.f_lineno))
+    for _ in range(_DEPTH):
+        if f is None:
+            break
+        code = f.f_code
+        if len(first) < _SHOWN:
+            first.append((code, f.f_lineno))
+        kind = _kinds.get(code)
+        if kind is None:
+            kind = _kind(code)
+        if kind == OWN or (kind == INSTALLED and not own):
+            own = own or kind == OWN
+            kept.append((code, f.f_lineno))
+            if len(kept) == _SHOWN:
+                break
         f = f.f_back
-    return tuple(frames)
+    return tuple(kept) if kept else (None, *first)
 
 
 def _state(key: Key) -> _Stream:
@@ -211,10 +243,11 @@ def _join(into: dict, other: dict) -> None:
 
 # LITERALINCLUDE START: SANITIZER ORDER
 def record(q: Any, seq: int) -> dict:
-    """The clock an event recorded on ``q`` after launch ``seq`` carries."""
+    """The clock an event recorded on ``q`` now (after launch ``seq``) carries: it follows the event waits
+    issued on ``q`` so far, even those no launch followed yet."""
     key = (q.device, q.id)
     with _lock:
-        clock = dict(_state(key).at(seq))
+        clock = dict(_state(key).clock)
     clock[key] = max(clock.get(key, 0), seq)
     return clock
 
@@ -241,10 +274,12 @@ def stream_waits(q: Any, clock: dict | None) -> None:
 
 
 def host_waits(q: Any, seq: int) -> None:
-    """The host waited for launch ``seq`` of ``q``: it, and everything it was ordered after, is done."""
+    """The host waited for launch ``seq`` of ``q``: it, and everything it was ordered after, is done (all
+    that was issued on ``q``, event waits included, when ``seq`` is its last launch)."""
     key = (q.device, q.id)
     with _lock:
-        _join(_host, _state(key).at(seq))
+        st = _state(key)
+        _join(_host, st.clock if seq >= q.launched else st.at(seq))
         if _host.get(key, 0) < seq:
             _host[key] = seq
 
@@ -473,22 +508,12 @@ def _allocation(ptr: int) -> tuple | None:
 
 
 def _format(stack: tuple) -> list[str]:
-    """The innermost frames outside the runtime and its client's library, oldest first, as a traceback shows:
-    the program's own, and installed packages' only up to the innermost of the program's."""
-    shown, own = [], False
-    for code, lineno in stack:
-        path = code.co_filename
-        if path.startswith(_library) or (own and path.startswith(_installed)):
-            continue
-        own = own or not path.startswith(_installed)
-        shown.append((code, lineno))
-        if len(shown) == _SHOWN:
-            break
+    """A stack from :func:`_stack`, oldest frame first, as a traceback shows it."""
     lines = []
-    if not shown:
-        shown = list(stack[:_SHOWN])
+    if stack and stack[0] is None:
+        stack = stack[1:]
         lines.append("    (no frames outside the libraries: launched from C++, e.g. by the autograd engine)")
-    for code, lineno in reversed(shown):
+    for code, lineno in reversed(stack):
         lines.append(f'    File "{code.co_filename}", line {lineno}, in {code.co_name}')
         text = linecache.getline(code.co_filename, lineno).strip()
         if text:

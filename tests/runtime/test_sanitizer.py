@@ -168,6 +168,20 @@ def test_ordering_is_transitive_through_events(buf):
     race(write, b, buf)  # b is ordered after a's write, but not after c's read
 
 
+def test_an_event_recorded_after_a_wait_with_no_launch_between_carries_what_the_wait_ordered(buf):
+    a, b, c = openreg.Stream(), openreg.Stream(), openreg.Stream()
+    write(a, buf)
+    e1 = openreg.Event()
+    e1.record(a)
+    while e1.pending() is not None:  # done: b's wait queues no kernel
+        time.sleep(1e-3)
+    b.wait_event(e1)
+    e2 = openreg.Event()
+    e2.record(b)
+    c.wait_event(e2)
+    read(c, buf)
+
+
 def test_a_host_that_synchronized_orders_launches_of_every_stream_after(buf):
     a, b = openreg.Stream(), openreg.Stream()
     write(a, buf)

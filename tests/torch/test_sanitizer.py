@@ -313,3 +313,16 @@ def test_the_switches(run_python):
     done = run_python(code, {"OPENREG_STREAM_SANITIZER": "1"})
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "STREAM_RACE host read"
+
+
+def test_a_race_in_the_backward_reaches_the_caller_of_backward():
+    x = torch.randn(4, device=DEV, requires_grad=True)
+    w = torch.randn(4, device=DEV)
+    y = x * w  # saves w for the backward
+    s = torch.openreg.Stream()
+    s.wait_stream(torch.openreg.current_stream())
+    with torch.openreg.stream(s):
+        w.data.add_(1)  # (.data: out of autograd's sight) written on s, which the backward does not wait for
+    err = raced(y.sum().backward)
+    assert err.race.current.name.startswith("aten::mul") and err.race.previous.stream == (0, s.stream_id)
+    assert "launched from C++, e.g. by the autograd engine" in str(err)
