@@ -11,3 +11,8 @@ python -m pytest tests -q "$@"
 # semantics must hold there too (tests that need asynchrony skip themselves).
 OPENREG_LAUNCH_BLOCKING=1 python -m pytest -q tests/runtime tests/torch/test_streams_events.py \
     tests/torch/test_memory.py tests/torch/test_ops.py tests/torch/test_errors.py tests/torch/test_copy_matrix.py
+# The stream sanitizer on (docs/sanitizer.md): correctly ordered programs must pass it without a report
+# (the whole suite does; this is a slice: streams and events, copies, memory reuse, training).
+OPENREG_STREAM_SANITIZER=1 python -m pytest -q tests/runtime tests/torch/test_streams_events.py \
+    tests/torch/test_copy_matrix.py tests/torch/test_memory.py tests/torch/test_autograd.py \
+    tests/torch/test_amp.py tests/torch/test_sanitizer.py

@@ -42,7 +42,7 @@ def test_docs_build_without_warnings(tmp_path: Path) -> None:
     result = _sphinx(DOCS, tmp_path / "html")
     assert result.returncode == 0, f"sphinx failed:\n{result.stdout}\n{result.stderr}"
     assert (tmp_path / "html" / "index.html").is_file()
-    for page in ("architecture", "runtime", "device", "hooks", "allocators", "streams", "operators",
+    for page in ("architecture", "runtime", "device", "hooks", "allocators", "streams", "sanitizer", "operators",
                  "fallback", "registration", "layouts", "device_module", "cuda_api", "random", "amp", "serialization",
                  "dlpack",
                  "multiprocessing", "distributed", "memory", "performance", "autoload", "compatibility", "compiler",
