@@ -205,9 +205,10 @@ def _kind(code: Any) -> int:
 
 def _stack() -> tuple:
     """The launching thread's Python stack as a report shows it, compactly: up to ``_SHOWN`` (code, line) pairs,
-    innermost first, outside the runtime and its client's library, and of installed packages (a test runner, a
-    framework) only those inside the program's innermost own frame; the innermost frames if none qualifies
-    (a launch from C++, such as the autograd engine's thread). Capturing costs a walk up the frames, no text."""
+    innermost first, outside the runtime and its client's library: installed packages' frames (a framework)
+    up to the program's innermost own frames, and those own frames up to the next installed one (a test
+    runner, ``runpy``); the innermost frames if none qualifies (a launch from C++, such as the autograd
+    engine's thread). Capturing costs a short walk up the frames, no text."""
     kept, first, own = [], [], False
     f = sys._getframe(2)
     for _ in range(_DEPTH):
@@ -224,6 +225,8 @@ def _stack() -> tuple:
             kept.append((code, f.f_lineno))
             if len(kept) == _SHOWN:
                 break
+        elif kind == INSTALLED:  # outside the program's own frames: what runs the program
+            break
         f = f.f_back
     return tuple(kept) if kept else (None, *first)
 
@@ -416,12 +419,17 @@ def allocated(ptr: int, nbytes: int, device: int, stream: int | None = None) -> 
 
 def freed(ptr: int, nbytes: int, device: int, stream: int) -> None:
     """A caching allocator took a block back: its accesses stay, so that the next tensor the block is handed
-    out for is checked against them (the cross-stream reuse hazard), and a report says the block was reused."""
-    stack = _stack()
+    out for is checked against them (the cross-stream reuse hazard), and a report says the block was reused.
+    The stack of the free is kept where another stream used the block (the usual hazard) and costs nothing
+    otherwise."""
+    key = (device, stream)
     with _lock:
         _allocs.pop(ptr, None)
-        mark = _Freed(stack, (device, stream))
-        for _, seg in _overlapping(ptr, ptr + nbytes):
+        segs = [seg for _, seg in _overlapping(ptr, ptr + nbytes)]
+        shared = any((seg.write is not None and seg.write.stream != key) or any(k != key for k in seg.reads)
+                     for seg in segs)
+        mark = _Freed(_stack() if shared else (), key)
+        for seg in segs:
             seg.freed = mark
 
 
@@ -491,7 +499,7 @@ def _message(race: Race, freed: _Freed | None) -> str:
     lines.extend(_format(cur.stack))
     lines.append(f"  the earlier {prev.what}: {prev.name} on {prev.where()}, launched at:")
     lines.extend(_format(prev.stack))
-    if freed is not None:
+    if freed is not None and freed.stack:
         lines.append(f"  the earlier tensor was freed (stream {freed.stream[1]}) at:")
         lines.extend(_format(freed.stack))
     lines.append(f"  fix: {fix}")

@@ -43,3 +43,15 @@ def test_the_report_names_the_cpu_model():
     assert name
     if Path("/proc/cpuinfo").exists() and "model name" in Path("/proc/cpuinfo").read_text():
         assert name != platform.machine() and name.endswith(f"({platform.machine()})"), name
+
+
+def test_sanitizer_benchmark_quick_mode_compares_off_on_and_cpu():
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.sanitizer", "--quick"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    for row in ("## Launches", "| runtime launch", "| a + b, 16 floats", "## Training steps", "| MLP", "| CNN",
+                "| Transformer"):
+        assert row in out, out
+    rows = [line.split("|") for line in out.splitlines() if line.startswith(("| MLP", "| CNN", "| Transformer"))]
+    assert all(float(r[5]) > 0 and float(r[6]) > 0 for r in rows), out  # on / off, on / cpu
