@@ -57,20 +57,23 @@ R call_profiler(const char* module, const char* name, Args&&... args) {
 
 // LITERALINCLUDE START: CORRELATION STACKS
 // The correlation ids of the operators (and record_function ranges) open on this thread, innermost
-// last, as Kineto pushes and pops them. A launch reads the innermost: the operator that launched it.
+// last, as Kineto pushes and pops them. A launch reads them: the innermost operator launched it.
 thread_local std::vector<uint64_t> t_correlation;
 thread_local std::vector<uint64_t> t_user_correlation;
 
-std::pair<uint64_t, uint64_t> current_correlation() {
-  return {t_correlation.empty() ? 0 : t_correlation.back(),
-          t_user_correlation.empty() ? 0 : t_user_correlation.back()};
+// (innermost operator, every open record_function range from the outermost): a launch's device work
+// is charged to the operator and lies inside each of the ranges.
+py::tuple current_correlation() {
+  py::tuple ranges(t_user_correlation.size());
+  for (size_t i = 0; i < t_user_correlation.size(); ++i) ranges[i] = py::int_(t_user_correlation[i]);
+  return py::make_tuple(t_correlation.empty() ? 0 : t_correlation.back(), ranges);
 }
 // LITERALINCLUDE END: CORRELATION STACKS
 
 // LITERALINCLUDE START: KINETO SESSION
 class Session final : public libkineto::IActivityProfilerSession {
  public:
-  explicit Session(std::set<libkineto::ActivityType> types) : types_(std::move(types)) {
+  Session() {
     trace_->span = libkineto::TraceSpan(0, 0, "openreg", "");
     trace_->gpuOpCount = -1;
   }
@@ -145,7 +148,6 @@ class Session final : public libkineto::IActivityProfilerSession {
   std::unique_ptr<libkineto::CpuTraceBuffer> getTraceBuffer() override { return std::move(trace_); }
 
  private:
-  std::set<libkineto::ActivityType> types_;
   std::unique_ptr<libkineto::DeviceInfo> device_;
   std::unique_ptr<libkineto::CpuTraceBuffer> trace_ = std::make_unique<libkineto::CpuTraceBuffer>();
 };
@@ -156,12 +158,12 @@ class OpenRegActivityProfiler final : public libkineto::IActivityProfiler {
   const std::set<libkineto::ActivityType>& availableActivities() const override { return types_; }
   std::unique_ptr<libkineto::IActivityProfilerSession> configure(const std::set<libkineto::ActivityType>& types,
                                                                  const libkineto::Config&) override {
-    std::set<libkineto::ActivityType> wanted;
-    for (auto t : types) {
-      if (types_.count(t)) wanted.insert(t);
+    // Only a trace of PrivateUse1 activity asks for device kernels; a CPU-only trace also lists
+    // PRIVATEUSE1_RUNTIME (PyTorch's CPU activity types) and gets no session: no device rows.
+    if (!types.count(libkineto::ActivityType::CONCURRENT_KERNEL) && !types.count(libkineto::ActivityType::GPU_MEMCPY)) {
+      return nullptr;
     }
-    if (wanted.empty()) return nullptr; // a CPU-only trace: no device rows
-    return std::make_unique<Session>(std::move(wanted));
+    return std::make_unique<Session>();
   }
   std::unique_ptr<libkineto::IActivityProfilerSession> configure(int64_t, int64_t,
                                                                  const std::set<libkineto::ActivityType>& types,
@@ -199,7 +201,7 @@ struct LegacyStubs final : public torch::profiler::impl::ProfilerStubs {
   float elapsed(const torch::profiler::impl::ProfilerVoidEventStub* start,
                 const torch::profiler::impl::ProfilerVoidEventStub* end) const override {
     py::gil_scoped_acquire gil;
-    return call_profiler<float>("legacy", "elapsed_ms", *static_cast<py::object*>(start->get()),
+    return call_profiler<float>("legacy", "elapsed_us", *static_cast<py::object*>(start->get()),
                                 *static_cast<py::object*>(end->get()));
   }
   void mark(const char* name) const override { call_profiler("legacy", "mark", std::string(name)); }

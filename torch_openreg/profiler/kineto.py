@@ -11,7 +11,7 @@ kernel launch:
   its real start and end, the end of that arrow; both are linked to the operator's correlation id,
   which is how ``key_averages()`` charges the device time to the operator;
 * a ``gpu_user_annotation`` span per ``record_function`` range and stream, around the device work
-  launched inside it.
+  launched inside it (nested ranges give nested spans).
 
 Event records and stream waits are runtime calls (``openregEventRecord``, ``openregStreamWaitEvent``):
 they get no device activity, as in CUDA traces.
@@ -116,8 +116,8 @@ def collect(start_ns: int, end_ns: int, pid: int) -> tuple[list, list, list]:
         activities.append((kind, name, device, stream, started, ended, correlation, correlation,
                            flow if traced else 0, False,
                            {"device": device, "stream": stream, "correlation": correlation}))
-        if traced and tag.user_correlation:
-            span = spans.setdefault((device, stream, tag.user_correlation), [started, ended])
+        for user in tag.user_correlation if traced else ():  # every record_function range open at the launch
+            span = spans.setdefault((device, stream, user), [started, ended])
             span[0], span[1] = min(span[0], started), max(span[1], ended)
     for (device, stream, user), (first, last) in spans.items():
         # named after the record_function range by the bridge (an empty name: the linked activity's)

@@ -37,7 +37,8 @@ class Launch:
     __slots__ = ("correlation", "user_correlation", "thread", "launched_ns", "launch_site")
 
     def __init__(self) -> None:
-        self.correlation = self.user_correlation = self.thread = self.launched_ns = 0
+        self.correlation = self.thread = self.launched_ns = 0
+        self.user_correlation: tuple[int, ...] = ()  # the record_function ranges open, outermost first
         self.launch_site: str | None = None
 
 
@@ -69,7 +70,7 @@ _sites = os.environ.get("OPENREG_LAUNCH_SITES", "0") not in ("", "0")
 _lock = threading.Lock()
 
 
-def _correlation() -> tuple[int, int]:
+def _correlation() -> tuple[int, tuple[int, ...]]:
     from torch_openreg import _C
 
     global _correlation

@@ -21,13 +21,14 @@ def record() -> tuple[int, openreg.Event]:
     return device, event
 
 
-def elapsed_ms(start: openreg.Event, end: openreg.Event) -> float:
-    """Milliseconds between two recorded events, once the device has reached the second."""
+def elapsed_us(start: openreg.Event, end: openreg.Event) -> float:
+    """Microseconds between two recorded events, once the device has reached the second (PyTorch
+    reads the stubs' ``elapsed`` as microseconds, as CUDA's stubs scale ``cudaEventElapsedTime``)."""
     if start.device != end.device:  # an operator that changed the current device: no device time for it
         return 0.0
     end.synchronize()
     start.synchronize()
-    return start.elapsed_time(end)
+    return start.elapsed_time(end) * 1000.0
 # LITERALINCLUDE END: LEGACY RECORD
 
 
