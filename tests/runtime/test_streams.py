@@ -657,5 +657,6 @@ def test_launch_site_of_a_tag_names_a_failed_kernel(asynchronous):
         stream.launch(_boom, "x", name="failing")
     finally:
         openreg.set_launch_hook(previous)
-    with pytest.raises(OpenRegError, match=r"failing on openreg:0 stream \d+ failed: .*\(launched at train.py:12 in step\)"):
+    expected = r"failing on openreg:0 stream \d+ failed: .*\(launched at train.py:12 in step\)"
+    with pytest.raises(OpenRegError, match=expected):
         stream.synchronize()

@@ -247,9 +247,10 @@ def test_record_function_ranges_nest_around_device_work():
     assert cpu["outer"].time_range.start <= cpu["inner"].time_range.start <= cpu["inner"].time_range.end
     assert cpu["inner"].time_range.end <= cpu["outer"].time_range.end
     mm, relu = kernels["aten::mm"], kernels["aten::clamp_min"]
-    assert spans["inner"].time_range.start <= mm.time_range.start and mm.time_range.end <= spans["inner"].time_range.end
+    inner, outer = spans["inner"].time_range, spans["outer"].time_range
+    assert inner.start <= mm.time_range.start and mm.time_range.end <= inner.end
     for k in (mm, relu):
-        assert spans["outer"].time_range.start <= k.time_range.start <= k.time_range.end <= spans["outer"].time_range.end
+        assert outer.start <= k.time_range.start <= k.time_range.end <= outer.end
     assert cpu["outer"].device_time_total >= mm.time_range.elapsed_us() + relu.time_range.elapsed_us() - 1
 
 

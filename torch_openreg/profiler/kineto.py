@@ -108,8 +108,8 @@ def collect(start_ns: int, end_ns: int, pid: int) -> tuple[list, list, list]:
         if traced:
             flow += 1
             launched = tag.launched_ns + offset
-            activities.append((PRIVATEUSE1_RUNTIME, call, pid, tag.thread, launched, launched, correlation,
-                               correlation, flow if kind is not None else 0, True, {"device": device, "stream": stream}))
+            activities.append((PRIVATEUSE1_RUNTIME, call, pid, tag.thread, launched, launched, correlation, correlation,
+                               flow if kind is not None else 0, True, {"device": device, "stream": stream}))
         if kind is None:
             continue
         devices.setdefault(device, set()).add(stream)
