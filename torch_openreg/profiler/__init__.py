@@ -11,10 +11,17 @@ records into what PyTorch's profilers read:
 * :mod:`.memory`: ``profile_memory=True`` events of the caching allocator.
 * :mod:`.launches`: the launch hook both use, and the launch sites of kernel errors
   (``OPENREG_LAUNCH_SITES=1``).
+* :mod:`.memcheck`: the block and allocating stack a host access to device memory hit, added to the
+  runtime's fault report.
 
-Nothing here runs until a profiler starts: the bridge calls into these modules.
+Nothing here runs until a profiler starts (the bridge calls into these modules) or a fault happens.
 """
 
+import openreg
+
+from . import memcheck
 from .launches import launch_sites
+
+openreg.fault.add_annotator(memcheck.describe)
 
 __all__ = ["launch_sites"]
