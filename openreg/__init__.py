@@ -40,6 +40,7 @@ from .stream import (
     default_stream,
     get_stream,
     remove_launch_observer,
+    set_launch_hook,
     set_stream,
     synchronize,
 )
@@ -63,5 +64,5 @@ __all__ = [
     "current_stream", "default_stream", "device_capacity", "device_count", "exchange_device", "free",
     "get_device", "get_device_properties", "get_stream", "host_free", "host_malloc", "launch", "malloc",
     "mem_get_info", "memcpy", "memcpy_async", "memory_used", "pointer_attributes",
-    "remove_launch_observer", "set_device", "set_stream", "synchronize",
+    "remove_launch_observer", "set_device", "set_launch_hook", "set_stream", "synchronize",
 ]
