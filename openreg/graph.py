@@ -243,6 +243,10 @@ class Capture:
             self.refuse(self.origin, f"{what} of an event recorded into the capture", ErrorCode.CAPTURED_EVENT)
         return True  # after the capture, the event was never recorded on a real stream: complete
 
+    def includes(self, stream: Stream) -> bool:
+        """Whether ``stream`` takes part in this capture (began it or joined it), while it is underway."""
+        return not self.ended and stream._q in self.members
+
     def unjoined(self) -> list[_Queue]:
         """Streams that joined the capture but whose work the capturing stream never waited for."""
         reach = self.members[self.origin].reach

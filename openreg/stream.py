@@ -359,7 +359,7 @@ class Stream:
         start()
         q = self._q
         if q.capture is not None:  # a kernel the host runs now cannot be captured (openreg.graph)
-            q.capture.refuse(q, f"{name}, which must run on the host at once,")
+            q.capture.refuse(q, f"{name}, a synchronous call,")
         spans = memory.acquire(buffers) if buffers else []
         item = _Item(fn, args, spans, name, 0)
         item.owner = threading.get_ident()

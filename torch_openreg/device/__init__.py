@@ -20,6 +20,15 @@ import torch
 import openreg as _rt
 
 from . import amp  # noqa: F401  (torch.openreg.amp)
+from .graphed_callables import make_graphed_callables
+from .graphs import (
+    Graph,
+    MemPool,
+    graph,
+    graph_pool_handle,
+    is_current_stream_capturing,
+    use_mem_pool,
+)
 from .memory import (
     empty_cache,
     get_per_process_memory_fraction,
@@ -64,7 +73,7 @@ from .streams import (
 )
 
 # `import torch.openreg.amp` (and .memory, .random, .streams) finds these modules instead of loading copies.
-for _name in ("amp", "memory", "random", "streams"):
+for _name in ("amp", "graphs", "memory", "random", "streams"):
     sys.modules[f"torch.openreg.{_name}"] = sys.modules[f"{__name__}.{_name}"]
 
 __all__ = [
@@ -79,6 +88,8 @@ __all__ = [
     "max_memory_reserved", "mem_get_info", "memory_allocated", "memory_reserved", "memory_snapshot", "memory_stats",
     "memory_stats_as_nested_dict", "memory_summary", "reset_accumulated_memory_stats", "reset_max_memory_allocated",
     "reset_peak_memory_stats", "set_per_process_memory_fraction",
+    "Graph", "MemPool", "graph", "graph_pool_handle", "is_current_stream_capturing", "make_graphed_callables",
+    "use_mem_pool",
 ]
 
 _initialized = False
