@@ -266,25 +266,22 @@ class _DefaultStreamGuard:
         return [c for c in self.captures if c.mode is CaptureMode.GLOBAL or c.thread == me]
 
     def record(self, q: _Queue, fn: Callable[..., Any], args: tuple, buffers: tuple | list, name: str) -> None:
-        """A launch on a default stream: refused (returns when allowed, and the launch is queued as usual)."""
+        """A launch on a default stream: refused where forbidden (else it returns, and the launch is queued)."""
+        self.refuse(q, f"launch of {name}")
+
+    def refuse(self, q: _Queue, what: str) -> None:
+        """A launch, synchronous call or host wait on a default stream: refused where forbidden."""
         forbidding = self._forbidding()
         if forbidding:
             c = forbidding[0]
-            message = (f"launch of {name} on the default stream of openreg:{q.device} while a graph capture is "
-                       f"underway (openreg:{c.device} stream {c.origin.id}, mode '{c.mode.value}'): work meant for "
-                       "the graph must go to the capturing stream, and other work to a stream of its own (or capture "
-                       "in mode 'relaxed')")
+            message = (f"{what} on the default stream of openreg:{q.device} while a graph capture is underway "
+                       f"(openreg:{c.device} stream {c.origin.id}, mode '{c.mode.value}'): in this mode the default "
+                       "streams cannot be used during a capture (CUDA's legacy stream neither); launch the graph's "
+                       "work on the capturing stream and other work on a stream of its own, or capture in mode "
+                       "'relaxed'")
             for capture in forbidding:
                 capture.invalidate(message)
             raise OpenRegError(ErrorCode.STREAM_CAPTURE_IMPLICIT, message + " (the capture is invalidated)")
-
-    def refuse(self, q: _Queue, what: str) -> None:
-        """A host wait on a default stream (a device synchronize waits for them all): refused where forbidden."""
-        forbidding = self._forbidding()
-        for capture in forbidding:
-            capture.invalidate(f"{what} on the default stream of openreg:{q.device} during a graph capture")
-        if forbidding:
-            forbidding[0].refuse(q, what)
 
     def record_event(self, event: Any, q: _Queue) -> bool:
         return False  # recorded as usual (a timed event launches, and the launch decides)
@@ -309,15 +306,8 @@ def begin_capture(stream: Stream, mode: CaptureMode | str = CaptureMode.GLOBAL) 
             f"graph capture on the default stream of openreg:{stream.device} is not allowed: capture on a stream "
             "of its own (torch.openreg.Stream()), as CUDA requires; the graph can be replayed on any stream",
         )
-    me = threading.get_ident()
     with _lock:
-        nested = q.capture if isinstance(q.capture, Capture) else next((c for c in _captures if c.thread == me), None)
-        if nested is not None:
-            raise OpenRegError(
-                ErrorCode.STREAM_CAPTURE_UNSUPPORTED,
-                f"graph capture nested in a capture: a capture on openreg:{nested.device} stream {nested.origin.id} "
-                "is underway (in this thread or on this stream); end it first",
-            )
+        check_not_capturing(stream)
         capture = Capture(stream, mode)
         q.capture = capture
         _captures.append(capture)
@@ -326,6 +316,20 @@ def begin_capture(stream: Stream, mode: CaptureMode | str = CaptureMode.GLOBAL) 
             for device in range(device_count()):
                 default_stream(device)._q.capture = _guard
     return capture
+
+
+def check_not_capturing(stream: Stream | None = None) -> None:
+    """Raise if the calling thread has a capture underway, or ``stream`` takes part in one: a capture cannot
+    begin inside another."""
+    me = threading.get_ident()
+    nested = stream._q.capture if stream is not None and isinstance(stream._q.capture, Capture) else None
+    nested = nested or next((c for c in _captures if c.thread == me), None)
+    if nested is not None:
+        raise OpenRegError(
+            ErrorCode.STREAM_CAPTURE_UNSUPPORTED,
+            f"graph capture nested in a capture: a capture on openreg:{nested.device} stream {nested.origin.id} "
+            "is underway (in this thread or on this stream); end it first",
+        )
 
 
 def end_capture(stream: Stream) -> Graph:

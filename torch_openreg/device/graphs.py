@@ -195,6 +195,7 @@ class graph:  # noqa: N801 - torch.cuda.graph's name
         self.stream_ctx = torch.openreg.stream(stream if stream is not None else graph.default_capture_stream)
 
     def __enter__(self) -> None:
+        openreg.graph.check_not_capturing()  # before the synchronize, which a capture would refuse
         torch.openreg.synchronize()
         torch.openreg.empty_cache()
         self.stream_ctx.__enter__()
