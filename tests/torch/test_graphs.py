@@ -355,3 +355,21 @@ def test_make_graphed_callables_with_functions_and_input_gradients(no_leak):
     out.sum().backward()
     expect = torch.autograd.grad(f(a).sum(), a)[0]
     torch.testing.assert_close(a.grad, expect)
+
+
+def test_a_whole_training_step_captured_matches_eager(no_leak):
+    from benchmarks.graphs import captured, mlp_step
+
+    cpu_step, cpu_loss = mlp_step("cpu")
+    eager_step, eager_loss = mlp_step("openreg")
+    step, loss = mlp_step("openreg")
+    replay = captured(step)  # three warm-up steps, then the capture: a fourth step runs at the first replay
+    for _ in range(3):
+        cpu_step()
+        eager_step()
+    for _ in range(4):
+        replay()
+        cpu_step()
+        eager_step()
+        torch.testing.assert_close(loss().cpu(), cpu_loss())
+        torch.testing.assert_close(eager_loss(), loss())
