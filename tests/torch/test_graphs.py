@@ -373,3 +373,33 @@ def test_a_whole_training_step_captured_matches_eager(no_leak):
         eager_step()
         torch.testing.assert_close(loss().cpu(), cpu_loss())
         torch.testing.assert_close(eager_loss(), loss())
+
+
+def test_compile_reduce_overhead_trains_with_openreg_graphs(monkeypatch):
+    import torch._dynamo
+
+    recorded = []
+    end_capture = openreg.end_capture
+    monkeypatch.setattr(openreg, "end_capture", lambda s: recorded.append(1) or end_capture(s))
+
+    def train(device: str, mode: str | None) -> list[float]:
+        torch.manual_seed(0)
+        model = _mlp(device)
+        step_model = torch.compile(model, mode=mode) if mode else model
+        torch.manual_seed(1)
+        x, t = torch.randn(4, 8).to(device), torch.randn(4, 4).to(device)
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)
+        losses = []
+        for _ in range(5):
+            opt.zero_grad()
+            loss = nn.functional.mse_loss(step_model(x), t)
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        return losses
+
+    try:
+        torch.testing.assert_close(train("openreg", "reduce-overhead"), train("cpu", None))
+    finally:
+        torch._dynamo.reset()
+    assert len(recorded) == 2  # the forward graph and the backward graph

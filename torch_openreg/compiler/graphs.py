@@ -1,0 +1,119 @@
+"""``torch.compile(mode="reduce-overhead")`` on openreg: compiled graphs replayed as openreg device graphs.
+
+Inductor hands every compiled graph that may use device graphs to ``config.cudagraph_policy`` (a
+``CUDAGraphPolicy``, torch/_inductor/cudagraph_utils.py) when one is set, instead of its CUDA graph trees,
+which are built on ``torch.cuda`` only. openreg's policy wraps openreg graphs in :class:`GraphedCall`:
+
+* the first call with an input signature runs the compiled graph as usual (the warm-up: every kernel's
+  first, checking, run happens outside a capture);
+* the second captures it into a ``torch.openreg.Graph`` on a side stream, with inputs in static buffers
+  of its own (parameters and other static inputs stay where they are), and replays it;
+* later calls copy the inputs into the static buffers (one launch), replay, and copy the outputs out
+  into fresh tensors (one launch): outputs never alias the graph's memory, so a caller may keep them
+  across calls, and a forward graph may run twice before its backward.
+
+A graph whose static inputs moved (a parameter replaced) or whose input signature is new is recorded
+again, up to ``MAX_RECORDINGS`` per compiled graph; beyond that it runs without a graph.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch._inductor.cudagraph_utils import CUDAGraphPolicy
+from torch._inductor.output_code import get_expanded_dims, index_expanded_dims
+
+from torch_openreg.aten.launch import host_view, launch
+
+MAX_RECORDINGS = 8
+_capture_streams: dict[int, torch.Stream] = {}
+
+
+# LITERALINCLUDE START: COMPILE GRAPH POLICY
+class OpenRegGraphPolicy(CUDAGraphPolicy):
+    """Inductor's device-graph wrapping: openreg graphs get :class:`GraphedCall`, CUDA graphs PyTorch's trees."""
+
+    def cudagraphify(self, model: Callable[..., Any], example_inputs: Sequence[Any], static_input_idxs: Sequence[int],
+                     *, device_index: int, is_backward: bool, is_inference: bool, **kwargs: Any) -> Callable[..., Any]:
+        if any(isinstance(t, torch.Tensor) and t.device.type == "cuda" for t in example_inputs):
+            return super().cudagraphify(model, example_inputs, static_input_idxs, device_index=device_index,
+                                        is_backward=is_backward, is_inference=is_inference, **kwargs)
+        return GraphedCall(model, static_input_idxs, device_index)
+
+
+class GraphedCall:
+    """A compiled graph (boxed: it takes a list of inputs) run through openreg device graphs."""
+
+    def __init__(self, model: Callable[[list], Any], static_input_idxs: Sequence[int], device: int) -> None:
+        self.model, self.static, self.device = model, frozenset(static_input_idxs), device
+        self.seen: set[tuple] = set()
+        self.recordings: dict[tuple, _Recording] = {}
+
+    def __call__(self, inputs: list) -> Any:
+        key = tuple(
+            (x.shape, x.stride(), x.dtype, x.data_ptr() if i in self.static else None)
+            if isinstance(x, torch.Tensor) else x
+            for i, x in enumerate(inputs)
+        )
+        recording = self.recordings.get(key)
+        if recording is None:
+            if key not in self.seen or len(self.recordings) >= MAX_RECORDINGS:
+                self.seen.add(key)
+                return self.model(inputs)  # the warm-up (or too many signatures): no graph
+            recording = self.recordings[key] = _Recording(self.model, inputs, self.static, self.device)
+        return recording.run(inputs)
+# LITERALINCLUDE END: COMPILE GRAPH POLICY
+
+
+# LITERALINCLUDE START: COMPILE GRAPH RECORDING
+class _Recording:
+    """One capture of a compiled graph: its static input buffers, its graph and its static outputs."""
+
+    def __init__(self, model: Callable[[list], Any], inputs: list, static: frozenset, device: int) -> None:
+        self.device = device
+        self.copied = [i for i, x in enumerate(inputs) if isinstance(x, torch.Tensor) and i not in static]
+        self.inputs = list(inputs)
+        for i in self.copied:
+            x = inputs[i]
+            self.inputs[i] = torch.empty_strided(x.size(), x.stride(), dtype=x.dtype, device=x.device)
+        self.expanded = {i: get_expanded_dims(inputs[i]) for i in self.copied}
+        self.graph = torch.openreg.Graph()
+        stream = _capture_streams.get(device)
+        if stream is None:
+            stream = _capture_streams[device] = torch.openreg.Stream(device)
+        with torch.openreg.device(device), torch.openreg.graph(self.graph, stream=stream,
+                                                                capture_error_mode="thread_local"):
+            outputs = model(list(self.inputs))
+        self.outputs = list(outputs) if isinstance(outputs, (list, tuple)) else [outputs]
+
+    def run(self, inputs: list) -> list:
+        pairs = [(self.inputs[i], inputs[i], self.expanded[i]) for i in self.copied]
+        inputs.clear()  # the boxed calling convention: the callee frees its inputs
+        _copy(self.device, pairs, "graph inputs")
+        self.graph.replay()
+        fresh = [torch.empty_strided(o.size(), o.stride(), dtype=o.dtype, device=o.device)
+                 if isinstance(o, torch.Tensor) else o for o in self.outputs]
+        _copy(self.device, [(f, o, []) for f, o in zip(fresh, self.outputs) if isinstance(o, torch.Tensor)],
+              "graph outputs")
+        return fresh
+
+
+def _copy(device: int, pairs: list, name: str) -> None:
+    """Copy every ``(dst, src, expanded dims)`` in one launch on the device's current stream."""
+    if not pairs:
+        return
+    if any(src.device != dst.device for dst, src, _ in pairs):  # a CPU input: copied on its own
+        for dst, src, dims in pairs:
+            index_expanded_dims(dst, dims).copy_(index_expanded_dims(src, dims))
+        return
+    views = [(index_expanded_dims(host_view(dst), dims), index_expanded_dims(host_view(src), dims))
+             for dst, src, dims in pairs if dst.numel()]
+    launch(device, _copy_views, views, tensors=[t for dst, src, _ in pairs for t in (dst, src)], name=name)
+
+
+def _copy_views(views: list) -> None:
+    for dst, src in views:
+        dst.copy_(src)
+# LITERALINCLUDE END: COMPILE GRAPH RECORDING
