@@ -45,7 +45,7 @@ def test_docs_build_without_warnings(tmp_path: Path) -> None:
     for page in ("architecture", "runtime", "device", "hooks", "allocators", "streams", "operators",
                  "fallback", "registration", "layouts", "device_module", "random", "amp", "serialization", "dlpack",
                  "multiprocessing", "distributed", "memory", "performance", "autoload", "compatibility", "compiler",
-                 "testing", "conformance",
+                 "graphs", "testing", "conformance",
                  "status"):
         assert (tmp_path / "html" / f"{page}.html").is_file(), f"{page} is not in the built guide"
 

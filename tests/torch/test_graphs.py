@@ -192,6 +192,9 @@ def test_fork_and_join_of_streams_inside_a_capture(no_leak):
         b = x + 1
         main.wait_stream(side)  # join
         c = a + b
+    pool = [seg for seg in torch.openreg.memory_snapshot() if seg["segment_pool_id"] == g.pool()]
+    for t in (a, b, c):  # the joined stream allocates from the graph's pool too
+        assert any(seg["address"] <= t.data_ptr() < seg["address"] + seg["total_size"] for seg in pool)
     x.fill_(1.0)
     g.replay()
     torch.testing.assert_close(c.cpu(), torch.full((16,), 4.0))
@@ -306,6 +309,31 @@ def test_mempool_and_use_mem_pool(baseline):
         torch.openreg.MemPool(allocator=object())
     g.reset()
     del a, b, c, pool
+    torch.openreg.empty_cache()
+    assert _stats() == baseline
+
+
+def test_mempool_no_split_and_use_on_oom(baseline):
+    whole = torch.openreg.MemPool(no_split=True)
+    with torch.openreg.use_mem_pool(whole):
+        small = torch.empty(16, device="openreg")
+    (segment,) = whole.snapshot()
+    assert [b["size"] for b in segment["blocks"]] == [segment["total_size"]]  # not split
+    del small, segment, whole
+
+    lender = torch.openreg.MemPool(use_on_oom=True)
+    with torch.openreg.use_mem_pool(lender):
+        big = torch.empty(4 << 20, dtype=torch.uint8, device="openreg")
+    lent = big.data_ptr()
+    del big  # its block stays in the pool
+    reserved = torch.openreg.memory_reserved()
+    torch.openreg.set_per_process_memory_fraction(reserved / torch.openreg.get_device_properties().total_memory)
+    try:
+        again = torch.empty(4 << 20, dtype=torch.uint8, device="openreg")  # no room outside the pool
+    finally:
+        torch.openreg.set_per_process_memory_fraction(1.0)
+    assert again.data_ptr() == lent
+    del again, lender
     torch.openreg.empty_cache()
     assert _stats() == baseline
 
