@@ -35,6 +35,7 @@ def _chain(x: torch.Tensor, calls: list | None = None) -> torch.Tensor:
     return x.relu() - x.mean()
 
 
+# LITERALINCLUDE START: TEST ACCELERATOR GRAPH
 def test_accelerator_graph_replays_the_launches_not_the_python(no_leak):
     x = torch.randn(16).to("openreg")
     _chain(x)  # warm-up: every call shape seen outside the capture
@@ -52,6 +53,7 @@ def test_accelerator_graph_replays_the_launches_not_the_python(no_leak):
     assert calls == [1]
     g.reset()
     del y
+# LITERALINCLUDE END: TEST ACCELERATOR GRAPH
 
 
 def test_torch_openreg_graph_context_and_pools(baseline):
@@ -179,6 +181,7 @@ def test_random_ops_draw_fresh_numbers_each_replay_and_repeat_under_manual_seed(
     del r, d
 
 
+# LITERALINCLUDE START: TEST FORK JOIN
 def test_fork_and_join_of_streams_inside_a_capture(no_leak):
     x = torch.arange(16.0, device="openreg")
     side = torch.openreg.Stream()
@@ -200,6 +203,7 @@ def test_fork_and_join_of_streams_inside_a_capture(no_leak):
     torch.testing.assert_close(c.cpu(), torch.full((16,), 4.0))
     g.reset()
     del a, b, c
+# LITERALINCLUDE END: TEST FORK JOIN
 
 
 def test_a_fork_never_joined_and_a_captured_event_query_are_errors(no_leak):
