@@ -7,12 +7,12 @@ which are built on ``torch.cuda`` only. openreg's policy wraps openreg graphs in
 * the first call with an input signature runs the compiled graph as usual (the warm-up: every kernel's
   first, checking, run happens outside a capture);
 * the second captures it into a ``torch.openreg.Graph`` on a side stream, with inputs in static buffers
-  of its own (parameters and other static inputs stay where they are), and replays it;
+  of its own (parameters and other inputs that keep their address are used in place), and replays it;
 * later calls copy the inputs into the static buffers (one launch), replay, and copy the outputs out
   into fresh tensors (one launch): outputs never alias the graph's memory, so a caller may keep them
   across calls, and a forward graph may run twice before its backward.
 
-A graph whose static inputs moved (a parameter replaced) or whose input signature is new is recorded
+A graph whose in-place inputs moved (a parameter replaced) or whose input signature is new is recorded
 again, up to ``MAX_RECORDINGS`` per compiled graph; beyond that it runs without a graph.
 """
 
@@ -44,26 +44,35 @@ class OpenRegGraphPolicy(CUDAGraphPolicy):
 
 
 class GraphedCall:
-    """A compiled graph (boxed: it takes a list of inputs) run through openreg device graphs."""
+    """A compiled graph (boxed: it takes a list of inputs) run through openreg device graphs.
+
+    Inductor names the inputs it expects at the same address every call (``static_input_idxs``: parameters,
+    buffers, and in a backward graph the forward's saved tensors). Those that kept their address from the
+    warm-up call to the capture are used in place; the others are copied in like any input. A graph whose
+    in-place inputs moved is recorded again.
+    """
 
     def __init__(self, model: Callable[[list], Any], static_input_idxs: Sequence[int], device: int) -> None:
         self.model, self.static, self.device = model, frozenset(static_input_idxs), device
-        self.seen: set[tuple] = set()
+        self.warmed: dict[tuple, list[int]] = {}  # signature -> the static inputs' addresses at the warm-up
         self.recordings: dict[tuple, _Recording] = {}
 
     def __call__(self, inputs: list) -> Any:
-        key = tuple(
-            (x.shape, x.stride(), x.dtype, x.data_ptr() if i in self.static else None)
-            if isinstance(x, torch.Tensor) else x
-            for i, x in enumerate(inputs)
-        )
+        key = tuple((x.shape, x.stride(), x.dtype) if isinstance(x, torch.Tensor) else x for x in inputs)
         recording = self.recordings.get(key)
-        if recording is None:
-            if key not in self.seen or len(self.recordings) >= MAX_RECORDINGS:
-                self.seen.add(key)
-                return self.model(inputs)  # the warm-up (or too many signatures): no graph
-            recording = self.recordings[key] = _Recording(self.model, inputs, self.static, self.device)
+        if recording is not None and not recording.moved(inputs):
+            return recording.run(inputs)
+        addresses = self._addresses(inputs)
+        before = self.warmed.get(key)
+        if before is None or len(self.recordings) >= MAX_RECORDINGS:
+            self.warmed[key] = addresses
+            return self.model(inputs)  # the warm-up (or too many signatures): no graph
+        in_place = frozenset(i for i, a, b in zip(sorted(self.static), addresses, before) if a == b)
+        recording = self.recordings[key] = _Recording(self.model, inputs, in_place, self.device)
         return recording.run(inputs)
+
+    def _addresses(self, inputs: list) -> list[int]:
+        return [inputs[i].data_ptr() if isinstance(inputs[i], torch.Tensor) else -1 for i in sorted(self.static)]
 # LITERALINCLUDE END: COMPILE GRAPH POLICY
 
 
@@ -71,9 +80,10 @@ class GraphedCall:
 class _Recording:
     """One capture of a compiled graph: its static input buffers, its graph and its static outputs."""
 
-    def __init__(self, model: Callable[[list], Any], inputs: list, static: frozenset, device: int) -> None:
+    def __init__(self, model: Callable[[list], Any], inputs: list, in_place: frozenset, device: int) -> None:
         self.device = device
-        self.copied = [i for i, x in enumerate(inputs) if isinstance(x, torch.Tensor) and i not in static]
+        self.in_place = {i: inputs[i].data_ptr() for i in in_place if isinstance(inputs[i], torch.Tensor)}
+        self.copied = [i for i, x in enumerate(inputs) if isinstance(x, torch.Tensor) and i not in in_place]
         self.inputs = list(inputs)
         for i in self.copied:
             x = inputs[i]
@@ -87,6 +97,10 @@ class _Recording:
                                                                 capture_error_mode="thread_local"):
             outputs = model(list(self.inputs))
         self.outputs = list(outputs) if isinstance(outputs, (list, tuple)) else [outputs]
+
+    def moved(self, inputs: list) -> bool:
+        """Whether an input used in place is somewhere else now (the graph would read the old memory)."""
+        return any(inputs[i].data_ptr() != ptr for i, ptr in self.in_place.items())
 
     def run(self, inputs: list) -> list:
         pairs = [(self.inputs[i], inputs[i], self.expanded[i]) for i in self.copied]
