@@ -28,7 +28,6 @@ from torch._inductor.output_code import get_expanded_dims, index_expanded_dims
 from torch_openreg.aten.launch import host_view, launch
 
 MAX_RECORDINGS = 8
-_capture_streams: dict[int, torch.Stream] = {}
 
 
 # LITERALINCLUDE START: COMPILE GRAPH POLICY
@@ -90,12 +89,8 @@ class _Recording:
             self.inputs[i] = torch.empty_strided(x.size(), x.stride(), dtype=x.dtype, device=x.device)
         self.expanded = {i: get_expanded_dims(inputs[i]) for i in self.copied}
         self.graph = torch.openreg.Graph()
-        stream = _capture_streams.get(device)
-        if stream is None:
-            stream = _capture_streams[device] = torch.openreg.Stream(device)
-        with torch.openreg.device(device), torch.openreg.graph(self.graph, stream=stream,
-                                                                capture_error_mode="thread_local"):
-            outputs = model(list(self.inputs))
+        with torch.openreg.device(device), torch.openreg.graph(self.graph, capture_error_mode="thread_local"):
+            outputs = model(list(self.inputs))  # on the device's side stream for captures
         self.outputs = list(outputs) if isinstance(outputs, (list, tuple)) else [outputs]
 
     def moved(self, inputs: list) -> bool:

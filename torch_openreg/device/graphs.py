@@ -181,18 +181,26 @@ class graph:  # noqa: N801 - torch.cuda.graph's name
     """Capture the work of a ``with`` block into ``openreg_graph`` (``torch.cuda.graph``).
 
     It synchronizes the device and empties the caching allocator's cache first, then captures on ``stream``
-    (by default a side stream of its own: the default stream cannot be captured). An exception inside the
-    block (a host synchronization the capture refused, say) ends the capture and goes on unchanged.
+    (by default a side stream of the current device, kept for the process: the default stream cannot be
+    captured). An exception inside the block (a host synchronization the capture refused, say) ends the
+    capture and goes on unchanged.
     """
 
-    default_capture_stream: torch.Stream | None = None
+    default_capture_stream: torch.Stream | None = None  # the last one used (CUDA's attribute)
+    _side_streams: dict[int, torch.Stream] = {}
 
     def __init__(self, openreg_graph: torch.accelerator.Graph, pool: tuple[int, int] | None = None,
                  stream: torch.Stream | None = None, capture_error_mode: str = "global") -> None:
-        if stream is None and graph.default_capture_stream is None:
-            graph.default_capture_stream = torch.openreg.Stream()
+        if stream is None:
+            from . import current_device
+
+            device = current_device()
+            stream = graph._side_streams.get(device)
+            if stream is None:
+                stream = graph._side_streams[device] = torch.openreg.Stream(device)
+            graph.default_capture_stream = stream
         self.graph, self.pool, self.capture_error_mode = openreg_graph, pool, capture_error_mode
-        self.stream_ctx = torch.openreg.stream(stream if stream is not None else graph.default_capture_stream)
+        self.stream_ctx = torch.openreg.stream(stream)
 
     def __enter__(self) -> None:
         openreg.graph.check_not_capturing()  # before the synchronize, which a capture would refuse
