@@ -24,6 +24,14 @@ class ErrorCode(enum.IntEnum):
     DOUBLE_FREE = 701
     LAUNCH_FAILURE = 719
     NOT_SUPPORTED = 801
+    STREAM_CAPTURE_UNSUPPORTED = 900
+    STREAM_CAPTURE_INVALIDATED = 901
+    STREAM_CAPTURE_MERGE = 902
+    STREAM_CAPTURE_UNMATCHED = 903
+    STREAM_CAPTURE_UNJOINED = 904
+    STREAM_CAPTURE_ISOLATION = 905
+    STREAM_CAPTURE_IMPLICIT = 906
+    CAPTURED_EVENT = 907
     # openreg's own (no cudaError_t counterpart: CUDA's compute-sanitizer reports races, its runtime does not)
     STREAM_RACE = 9001  # the stream sanitizer (openreg.sanitizer) found a launch that races with another stream
 

@@ -59,10 +59,11 @@ PRIORITY_HIGH = -1
 
 
 class _Item:
-    __slots__ = ("fn", "args", "spans", "name", "seq", "granted", "owner", "outcome")
+    __slots__ = ("fn", "args", "spans", "name", "seq", "granted", "owner", "outcome", "tag")
 
-    def __init__(self, fn: Callable[..., Any], args: tuple, spans: list, name: str, seq: int) -> None:
+    def __init__(self, fn: Callable[..., Any], args: tuple, spans: list, name: str, seq: int, tag: Any = None) -> None:
         self.fn, self.args, self.spans, self.name, self.seq = fn, args, spans, name, seq
+        self.tag = tag  # what the launch hook returned for it (see set_launch_hook)
         self.granted = False  # its pages were opened ahead of it, with the rest of a batch
         self.owner = 0  # for Stream.run_here: the thread that runs it (and gets its result); 0: anyone
         self.outcome: tuple | None = None  # for Stream.run_here: (True, result) or (False, exception)
@@ -89,6 +90,7 @@ class _Queue:
         self.last_launch = 0.0  # time.monotonic() of the last launch
         self.last_done = 0.0  # time.monotonic() when the last item finished
         self.ahead = 0  # items up to this sequence number had their pages opened ahead (_grant_ahead)
+        self.capture = None  # while a graph capture (openreg.graph) records this stream's launches, or guards it
 
     # LITERALINCLUDE START: STREAM RUN
     def run(self, item: _Item) -> None:
@@ -112,8 +114,10 @@ class _Queue:
             if item.owner:
                 item.outcome = (False, exc)  # raised as is by run_here, on the thread that called it
             elif self.error is None:
+                site = getattr(item.tag, "launch_site", None)
                 self.error = launch_failure(
-                    f"{item.name} on openreg:{self.device} stream {self.id} failed: {type(exc).__name__}: {exc}", exc
+                    f"{item.name} on openreg:{self.device} stream {self.id} failed: {type(exc).__name__}: {exc}"
+                    + (f" (launched at {site})" if site else ""), exc
                 )
         finally:
             activity.record(self.device, started, time.perf_counter_ns(), item.name)
@@ -130,9 +134,12 @@ class _Queue:
 
     def _observe(self, item: _Item, started: int) -> None:
         ended = time.perf_counter_ns()
-        for observer in _observers:
+        for observer, tagged in _observers:
             try:
-                observer(item.name, self.device, self.id, started, ended)
+                if tagged:
+                    observer(item.name, self.device, self.id, started, ended, item.tag)
+                else:
+                    observer(item.name, self.device, self.id, started, ended)
             except Exception:  # noqa: BLE001 - a broken observer must not wedge the stream
                 print(f"openreg: launch observer {observer!r} failed after {item.name}:", file=sys.stderr)
                 traceback.print_exc()
@@ -173,6 +180,8 @@ class _Queue:
         """
         if forked():
             start()  # raises: the workers did not survive the fork
+        if settle and self.capture is not None:
+            self.capture.refuse(self, "a host wait")  # a capture cannot wait (openreg.graph)
         scope = None  # the kernel context, entered once this host runs an item itself
         try:
             while True:
@@ -328,17 +337,22 @@ class Stream:
         ``writes`` names those it writes, for the stream sanitizer (None: any of them).
         """
         start()
+        q = self._q
+        if q.capture is not None:  # a graph capture records the launch instead (openreg.graph)
+            seq = q.capture.record(q, fn, args, buffers, name, writes)
+            if seq is not None:
+                return seq
         if sanitizer.enabled:  # the stream sanitizer (openreg/sanitizer.py): a launch that races raises here
-            race = sanitizer.launch(self._q, buffers, writes, name, fn, args)
+            race = sanitizer.launch(q, buffers, writes, name, fn, args)
             if race is not None:
                 fn = args = None  # this frame stays in the traceback: not with the kernel's arguments
                 raise race
+        tag = _launch_hook(name, self.device, self.id) if _launch_hook is not None else None
         spans = memory.acquire(buffers) if buffers else []
-        q = self._q
         with q.lock:  # the conditions' lock, taken directly: cheaper than entering a Condition
             q.launched += 1
             seq = q.launched
-            q.items.append(_Item(fn, args, spans, name, seq))
+            q.items.append(_Item(fn, args, spans, name, seq, tag))
             q.last_launch = time.monotonic()
             if q.worker is None:
                 q.worker = threading.Thread(target=q.serve, name=f"openreg:{q.device} stream {q.id}", daemon=True)
@@ -362,14 +376,17 @@ class Stream:
         own, not to wait for the device (a CUDA program would not): the sanitizer does not count the wait.
         """
         start()
+        q = self._q
+        if q.capture is not None:  # a kernel the host runs now cannot be captured (openreg.graph)
+            q.capture.refuse(q, f"{name}, a synchronous call,")
         if sanitizer.enabled:  # the stream sanitizer: a launch that races raises here
-            race = sanitizer.launch(self._q, buffers, writes, name, fn, args, host=host_sync)
+            race = sanitizer.launch(q, buffers, writes, name, fn, args, host=host_sync)
             if race is not None:
                 fn = args = None  # this frame stays in the traceback: not with the kernel's arguments
                 raise race
+        tag = _launch_hook(name, self.device, self.id) if _launch_hook is not None else None
         spans = memory.acquire(buffers) if buffers else []
-        q = self._q
-        item = _Item(fn, args, spans, name, 0)
+        item = _Item(fn, args, spans, name, 0, tag)
         item.owner = threading.get_ident()
         with q.lock:
             q.launched += 1
@@ -412,6 +429,8 @@ class Stream:
 
     def query(self) -> bool:
         """True if all launched work has finished (device memory is then closed to the host)."""
+        if self._q.capture is not None:
+            self._q.capture.refuse(self._q, "a stream query")
         seq = self._q.launched
         done = self._q.settle()
         if done and sanitizer.enabled:  # a host that saw the work finish is ordered after it
@@ -425,6 +444,9 @@ class Stream:
 
     def wait_event(self, event: Event) -> None:  # noqa: F821 - defined in event.py
         """Make later work on this stream wait for ``event`` (``cudaStreamWaitEvent``)."""
+        capture = self._q.capture or event.capture
+        if capture is not None and capture.wait_event(self._q, event):
+            return  # a fork or join of a graph capture (openreg.graph)
         if sanitizer.enabled:  # ordered even when the event's work is done already: CUDA promises no less
             sanitizer.stream_waits(self._q, event._clock)
         target = event.pending()
@@ -448,7 +470,8 @@ _queues: weakref.WeakValueDictionary[tuple[int, int], _Queue] = weakref.WeakValu
 # them, and walking the weak dictionary itself cost more than the rest of an idle synchronize.
 _device_queues: dict[int, list[weakref.ref]] = {}
 _registry_lock = threading.Lock()
-_observers: list[Callable[[str, int, int, int, int], None]] = []
+_observers: list[tuple[Callable[..., None], bool]] = []  # (observer, whether it gets the launch's tag)
+_launch_hook: Callable[[str, int, int], Any] | None = None
 _default: dict[int, Stream] = {}
 
 
@@ -540,11 +563,29 @@ def drain(device: int | None = None) -> list[_Queue]:
     return queues
 
 
-def add_launch_observer(fn: Callable[[str, int, int, int, int], None]) -> None:
-    """Call ``fn(name, device, stream_id, start_ns, end_ns)`` after every launch (profilers)."""
-    _observers.append(fn)
+# LITERALINCLUDE START: LAUNCH HOOK
+def add_launch_observer(fn: Callable[..., None], tagged: bool = False) -> None:
+    """Call ``fn(name, device, stream_id, start_ns, end_ns)`` after every launch (profilers), on the
+    thread that ran it; with ``tagged``, also the launch's tag (``fn(..., end_ns, tag)``)."""
+    _observers.append((fn, tagged))
 
 
-def remove_launch_observer(fn: Callable[[str, int, int, int, int], None]) -> None:
+def remove_launch_observer(fn: Callable[..., None]) -> None:
     """Stop calling an observer added with :func:`add_launch_observer`."""
-    _observers.remove(fn)
+    for i, (observer, _) in enumerate(_observers):
+        if observer == fn:
+            del _observers[i]
+            return
+    raise ValueError(f"{fn!r} is not a launch observer")
+
+
+def set_launch_hook(fn: Callable[[str, int, int], Any] | None) -> Callable[[str, int, int], Any] | None:
+    """Call ``fn(name, device, stream_id)`` at every launch, on the launching thread, before the work is
+    queued; what it returns is the launch's *tag*, handed to tagged observers when the work has run
+    (CUPTI's callback API and its correlation ids). A tag with a ``launch_site`` attribute names where
+    the launch came from: a kernel failure's message ends with it. Returns the previous hook; ``None``
+    removes it. One hook per process: a client that wants several composes them."""
+    global _launch_hook
+    previous, _launch_hook = _launch_hook, fn
+    return previous
+# LITERALINCLUDE END: LAUNCH HOOK

@@ -50,3 +50,5 @@ from . import distributed as _distributed  # noqa: E402
 
 _distributed.register()  # the c10d backend "occl"; built when a process group uses it
 # LITERALINCLUDE END: AUTOLOAD
+
+from . import profiler as _profiler  # noqa: E402,F401  (OPENREG_LAUNCH_SITES=1 installs the launch hook)

@@ -221,6 +221,42 @@ def test_run_here_is_a_host_read_unless_the_host_runs_it_for_its_own_reasons(buf
     read(main, buf)
 
 
+def test_a_graph_launch_is_checked_as_one_launch_with_its_nodes_write_sets(buf):
+    """Launches into a capture are recorded, not checked; the replay is checked with the union of what its
+    nodes name, written where one of them writes (a read-only node does not make its buffer a write)."""
+    s, main = openreg.Stream(), openreg.default_stream()
+    out, graph = openreg.malloc(N), None
+    try:
+        openreg.begin_capture(s, "relaxed")
+        try:
+            read(s, buf)  # reads buf (not checked now: nothing runs)
+            write(s, out, 7)
+        finally:
+            graph = openreg.end_capture(s)
+        read(main, buf)  # buf is only read, by both streams: no race
+        graph.launch(s)
+        err = race(read, main, out)  # the replay wrote out on s
+        assert err.race.previous.name.startswith("graph") and err.race.previous.stream == (0, s.id)
+        read(main, buf)
+        main.wait_event(_recorded(s))
+        got = []
+        read(main, out, got)
+        race(graph.launch, s)  # now the replay's write races with the default stream's read of out
+        main.synchronize()
+        assert got == [bytes([7]) * N]
+    finally:
+        openreg.synchronize()
+        if graph is not None:
+            graph.release()  # (it pins the memory its nodes name)
+        openreg.free(out)
+
+
+def _recorded(stream: openreg.Stream) -> openreg.Event:
+    event = openreg.Event()
+    event.record(stream)
+    return event
+
+
 def test_events_recorded_before_the_sanitizer_was_on_order_nothing(buf):
     s = openreg.Stream()
     with sanitizer.sanitizing(False):
