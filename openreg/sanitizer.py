@@ -189,40 +189,44 @@ def set_client(describe: Callable[[Any, tuple, int, int], str | None] | None, li
 
 
 LIBRARY, INSTALLED, OWN = 0, 1, 2
-_kinds: dict = {}  # code object -> LIBRARY (runtime or client), INSTALLED (stdlib, site-packages) or OWN
+# file name -> LIBRARY (runtime or client), INSTALLED (stdlib, site-packages) or OWN. Keyed by name, never by
+# code object: a code object can carry a framework's caches (TorchDynamo keeps its compiled graphs, and the
+# tensors they hold, in the code's extra data), and holding it would keep those alive.
+_kinds: dict[str, int] = {}
 
 
-def _kind(code: Any) -> int:
-    kind = _kinds.get(code)
+def _kind(path: str) -> int:
+    kind = _kinds.get(path)
     if kind is None:
         if len(_kinds) > 1 << 16:  # generated code comes and goes: keep the cache bounded
             _kinds.clear()
-        path = code.co_filename
         kind = LIBRARY if path.startswith(_library) else INSTALLED if path.startswith(_installed) else OWN
-        _kinds[code] = kind
+        _kinds[path] = kind
     return kind
 
 
 def _stack() -> tuple:
-    """The launching thread's Python stack as a report shows it, compactly: up to ``_SHOWN`` (code, line) pairs,
+    """The launching thread's Python stack as a report shows it, compactly: up to ``_SHOWN`` (file, line, function),
     innermost first, outside the runtime and its client's library: installed packages' frames (a framework)
     up to the program's innermost own frames, and those own frames up to the next installed one (a test
     runner, ``runpy``); the innermost frames if none qualifies (a launch from C++, such as the autograd
-    engine's thread). Capturing costs a short walk up the frames, no text."""
+    engine's thread). Capturing costs a short walk up the frames, no formatting; it keeps no code object or
+    frame alive."""
     kept, first, own = [], [], False
     f = sys._getframe(2)
     for _ in range(_DEPTH):
         if f is None:
             break
         code = f.f_code
+        path = code.co_filename
         if len(first) < _SHOWN:
-            first.append((code, f.f_lineno))
-        kind = _kinds.get(code)
+            first.append((path, f.f_lineno, code.co_name))
+        kind = _kinds.get(path)
         if kind is None:
-            kind = _kind(code)
+            kind = _kind(path)
         if kind == OWN or (kind == INSTALLED and not own):
             own = own or kind == OWN
-            kept.append((code, f.f_lineno))
+            kept.append((path, f.f_lineno, code.co_name))
             if len(kept) == _SHOWN:
                 break
         elif kind == INSTALLED:  # outside the program's own frames: what runs the program
@@ -521,9 +525,9 @@ def _format(stack: tuple) -> list[str]:
     if stack and stack[0] is None:
         stack = stack[1:]
         lines.append("    (no frames outside the libraries: launched from C++, e.g. by the autograd engine)")
-    for code, lineno in reversed(stack):
-        lines.append(f'    File "{code.co_filename}", line {lineno}, in {code.co_name}')
-        text = linecache.getline(code.co_filename, lineno).strip()
+    for path, lineno, name in reversed(stack):
+        lines.append(f'    File "{path}", line {lineno}, in {name}')
+        text = linecache.getline(path, lineno).strip()
         if text:
             lines.append(f"      {text}")
     return lines

@@ -7,8 +7,10 @@ launch and is not queued. Ordering comes from the stream, event waits and host s
 from __future__ import annotations
 
 import ctypes
+import gc
 import threading
 import time
+import weakref
 
 import pytest
 
@@ -298,6 +300,21 @@ def test_launches_from_several_threads_are_checked(buf):
     t.start()
     t.join()
     assert [e.code for e in errors] == [ErrorCode.STREAM_RACE]
+
+
+def test_stacks_keep_no_code_object_alive(buf):
+    """A framework may hang caches on a code object (TorchDynamo does): recorded stacks hold names only."""
+    namespace: dict = {}
+    exec(compile("def launch_from_here(w, s, p):\n    w(s, p)\n", "<generated>", "exec"), namespace)
+    fn = namespace.pop("launch_from_here")
+    code = weakref.ref(fn.__code__)
+    s = openreg.Stream()
+    fn(write, s, buf)
+    del fn
+    gc.collect()
+    assert code() is None
+    err = race(read, openreg.default_stream(), buf)
+    assert 'File "<generated>", line 2, in launch_from_here' in str(err)
 
 
 def test_the_environment_switch(run_python):
