@@ -65,14 +65,14 @@ def run(quick: bool) -> str:
     t = compare(_launch, repeat, 200)
     rows.append(["a + b, 16 floats (launch and run)", f"{t['off'] * 1e6:.1f}", f"{t['on'] * 1e6:.1f}",
                  f"{t['cpu'] * 1e6:.1f}", f"{t['on'] / t['off']:.2f}", f"{t['on'] / t['cpu']:.2f}"])
-    out = ["## Launches (us per call)\n",
+    out = ["## Stream sanitizer: launches (us per call)\n",
            table(["workload", "off", "on", "cpu", "on / off", "on / cpu"], rows), ""]
     rows = []
     for name, make in models(quick).items():
         t = compare(make, repeat, 1)
         rows.append([name, f"{t['off'] * 1e3:.1f}", f"{t['on'] * 1e3:.1f}", f"{t['cpu'] * 1e3:.1f}",
                      f"{t['on'] / t['off']:.2f}", f"{t['on'] / t['cpu']:.2f}"])
-    out += ["## Training steps (ms per step)\n",
+    out += ["## Stream sanitizer: training steps (ms per step)\n",
             table(["model", "off", "on", "cpu", "on / off", "on / cpu"], rows), ""]
     return "\n".join(out)
 
