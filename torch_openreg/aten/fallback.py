@@ -183,6 +183,11 @@ def _device_of(info: OpInfo, tensors: list[torch.Tensor], kwargs: dict) -> torch
     CPU and meta tensors and the index for openreg ones.
     """
     index = -1
+    for name in info.out_kwargs:  # an out= tensor is written by the kernel: a CPU one is never a scalar operand
+        for t in _tensors((kwargs.get(name),), {}):
+            if t.get_device() < 0:
+                raise RuntimeError(f"Expected all tensors to be on the same device, but the out= tensor '{name}' "
+                                   f"of {info.name} is on {t.device} while its inputs are on openreg")
     for t in tensors:
         i = t.get_device()
         if i >= 0:
