@@ -36,7 +36,8 @@ class Run:
 
     outcomes: dict[str, str] = field(default_factory=dict)
     messages: dict[str, str] = field(default_factory=dict)  # first line of a failure's or skip's message
-    seconds: float = 0.0
+    seconds: float = 0.0  # wall time of the whole pytest run (collection included)
+    test_seconds: float = 0.0  # the tests' own durations, as pytest reports them (set-up and tear-down included)
     exit_code: int = 0
 
 
@@ -75,6 +76,7 @@ def run_file(path: str, device: str, select: str | None = None, timeout: float =
             cls = _DEVICE_IN_CLASS.sub("", case.get("classname", ""))
             name = cls + "." + _DEVICE_IN_NAME.sub("", case.get("name", ""))
             run.outcomes[name], run.messages[name] = _outcome(case)
+            run.test_seconds += float(case.get("time") or 0)
     return run
 
 
@@ -89,6 +91,7 @@ def _alternate(path: str, select: str | None, repeat: int) -> tuple[Run, Run]:
     for done in runs.values():
         last = done[-1]
         last.seconds = statistics.median(r.seconds for r in done)
+        last.test_seconds = statistics.median(r.test_seconds for r in done)
         result.append(last)
     return result[0], result[1]
 
@@ -116,8 +119,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="run each side this many times, alternating, and report the median wall times")
     args = parser.parse_args(argv)
     print("| file | tests | passed (cpu / openreg) | openreg-only failures | openreg-only skips "
-          "| skipped by the test's device restriction | wall time cpu / openreg (s) | ratio |")
-    print("|---|---|---|---|---|---|---|---|")
+          "| skipped by the test's device restriction | wall time cpu / openreg (s) | ratio "
+          "| test time cpu / openreg (s) | ratio |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     details, failing = [], 0
     for name in args.files.split(","):
         path = os.path.join(os.path.abspath(args.test_dir), name + ".py")
@@ -126,8 +130,9 @@ def main(argv: list[str] | None = None) -> int:
         failing += len(diff["fail"])
         print(f"| {name} | {len(openreg.outcomes)} | {_count(cpu, 'passed')} / {_count(openreg, 'passed')} "
               f"| {len(diff['fail'])} | {len(diff['skip'])} | {len(diff['restricted'])} "
-              f"| {cpu.seconds:.0f} / {openreg.seconds:.0f} | {openreg.seconds / max(cpu.seconds, 1e-9):.2f} |",
-              flush=True)
+              f"| {cpu.seconds:.0f} / {openreg.seconds:.0f} | {openreg.seconds / max(cpu.seconds, 1e-9):.2f} "
+              f"| {cpu.test_seconds:.0f} / {openreg.test_seconds:.0f} "
+              f"| {openreg.test_seconds / max(cpu.test_seconds, 1e-9):.2f} |", flush=True)
         details += [f"{name}: {kind.upper()} {t}: {openreg.messages.get(t, '')}"
                     for kind in ("fail", "skip") for t in diff[kind]]
     print("\n".join(details))
