@@ -107,7 +107,8 @@ class _CopyEngine:
     def write(self, ptr: int, data) -> None:
         view = memoryview(data).cast("B")
         if view.nbytes and os.pwrite(self._file(), view, ptr) != view.nbytes:
-            raise OpenRegError(ErrorCode.LAUNCH_FAILURE, f"copy engine: short write of {view.nbytes} bytes at 0x{ptr:x}")
+            raise OpenRegError(ErrorCode.LAUNCH_FAILURE,
+                               f"copy engine: short write of {view.nbytes} bytes at 0x{ptr:x}")
 
 
 _engine = _CopyEngine()
