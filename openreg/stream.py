@@ -26,7 +26,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from . import activity, memory
+from . import activity, memory, timing
 from .device import check_device, device_count, forked, get_device, start
 from .errors import ErrorCode, OpenRegError, launch_failure
 
@@ -179,6 +179,8 @@ class _Queue:
         """
         if forked():
             start()  # raises: the workers did not survive the fork
+        if timing.active and settle:  # the timing model: the host is at that launch's simulated end now
+            timing.host_waits(self.device, self.id, seq)
         scope = None  # the kernel context, entered once this host runs an item itself
         try:
             while True:
@@ -324,12 +326,14 @@ class Stream:
         return f"openreg.Stream(device={self.device}, id={self.id}, priority={self.priority})"
 
     # LITERALINCLUDE START: STREAM LAUNCH
-    def launch(self, fn: Callable[..., Any], *args: Any, buffers: tuple | list = (), name: str = "kernel") -> int:
+    def launch(self, fn: Callable[..., Any], *args: Any, buffers: tuple | list = (), name: str = "kernel",
+               cost: timing.Cost | None = None) -> int:
         """Queue ``fn(*args)``; ``buffers`` are what it may touch: pointers or ``(pointer, nbytes)`` extents.
 
         Returns the launch's sequence number on this stream. The buffers are pinned
         at once (a free before the work ends is deferred) and opened to the host
         when ``fn`` runs; they are closed again by the time the host has synchronized.
+        ``cost`` (FLOPs, bytes, kind) is what the timing model prices, when simulated time is on.
         """
         start()
         tag = _launch_hook(name, self.device, self.id) if _launch_hook is not None else None
@@ -345,13 +349,16 @@ class Stream:
                 q.worker.start()
             if q.idle:
                 q.wake.notify()
+        if timing.active:  # the timing model: this launch's simulated start and end (openreg/timing)
+            timing.launched(self, seq, name, cost, tag)
         if LAUNCH_BLOCKING:
             self.synchronize()
         return seq
     # LITERALINCLUDE END: STREAM LAUNCH
 
     # LITERALINCLUDE START: STREAM RUN HERE
-    def run_here(self, fn: Callable[..., Any], *args: Any, buffers: tuple | list = (), name: str = "kernel") -> Any:
+    def run_here(self, fn: Callable[..., Any], *args: Any, buffers: tuple | list = (), name: str = "kernel",
+                 cost: timing.Cost | None = None) -> Any:
         """Launch ``fn(*args)`` and run it on the calling thread, in stream order: a launch followed by a
         synchronize, where the caller runs the kernel itself. Returns ``fn``'s result; an earlier kernel's
         error is reported first (LAUNCH_FAILURE), then ``fn``'s own exception is raised as it is, and
@@ -368,6 +375,8 @@ class Stream:
             item.seq = q.launched
             q.items.append(item)
             q.last_launch = time.monotonic()
+        if timing.active:  # the timing model: this launch's simulated start and end (openreg/timing)
+            timing.launched(self, item.seq, name, cost, tag)
         try:
             q.wait_for(item.seq)
         finally:
@@ -406,13 +415,15 @@ class Stream:
 
     def wait_event(self, event: Event) -> None:  # noqa: F821 - defined in event.py
         """Make later work on this stream wait for ``event`` (``cudaStreamWaitEvent``)."""
+        if timing.active:  # the timing model: this stream's simulated time catches up with the event's
+            timing.stream_waits(self, event._sim_time)
         target = event.pending()
         if target is None:
             return  # never recorded or already complete: nothing to wait for
         queue, seq = target
         if queue is self._q:
             return  # in-order already
-        self.launch(queue.wait_for, seq, False, name="wait_event")
+        self.launch(queue.wait_for, seq, False, name="wait_event", cost=timing.FREE)
 
 
 def _report(q: _Queue) -> None:
