@@ -29,16 +29,16 @@ MATRIX_TILE = 128  # output tile edge of a matrix-product kernel (cuBLAS's commo
 # there is held out. A profile file may override any of them (its "efficiency" table, its
 # "launch_latency_us" and its interconnect's "latency_us").
 EFFICIENCY = {
-    "matrix": 0.834,  # achieved / peak matrix-unit FLOPS (H100 BF16 best-shape matmul, 794.5 TFLOPS)
-    "conv": 0.834,  # no published convolution figure was used: convolutions take the matrix value
-    "elementwise": 0.887,  # achieved / peak memory bandwidth (H100 STREAM triad, 2.97 TB/s)
-    "reduction": 0.949,  # (H100 STREAM dot, 3.18 TB/s)
-    "copy": 0.866,  # device-to-device copies (H100 STREAM copy, 2.90 TB/s)
+    "matrix": 0.843,  # achieved / peak matrix-unit FLOPS (H100 BF16 best-shape matmul, 794.5 TFLOPS)
+    "conv": 0.843,  # no published convolution figure was used: convolutions take the matrix value
+    "elementwise": 0.895,  # achieved / peak memory bandwidth (H100 STREAM triad, 2.97 TB/s)
+    "reduction": 0.963,  # (H100 STREAM dot, 3.18 TB/s)
+    "copy": 0.877,  # device-to-device copies (H100 STREAM copy, 2.90 TB/s)
     "host_link": 0.797,  # achieved / per-direction host link bandwidth (H100 host-to-device, 51 GB/s)
-    "interconnect": 1.064,  # collective bus bandwidth / per-direction link bandwidth (H100 NCCL, 478.9 GB/s)
+    "interconnect": 1.065,  # collective bus bandwidth / per-direction link bandwidth (H100 NCCL, 478.9 GB/s)
 }
-LAUNCH_LATENCY_US = 2.43  # per-kernel overhead, back-to-back launches (Hopper, 2433 ns)
-COLLECTIVE_LATENCY_US = 2.66  # alpha: per step of a collective (H100 NCCL all-reduce of 1 MB, 43.7 GB/s)
+LAUNCH_LATENCY_US = 2.433  # per-kernel overhead, back-to-back launches (Hopper, 2433 ns)
+COLLECTIVE_LATENCY_US = 2.552  # alpha: per step of a collective (H100 NCCL all-reduce of 1 MB, 43.7 GB/s)
 # LITERALINCLUDE END: TIMING DEFAULTS
 
 # Steps (latencies paid) and the fraction of the buffer each rank sends, for ``ranks`` = p: ring
