@@ -125,5 +125,5 @@ if os.environ.get(ENV):
 __all__ = [
     "COLLECTIVES", "DTYPES", "Cost", "DeviceProfile", "EFFICIENCY", "ENV", "FREE", "KINDS", "Launch", "Prediction",
     "from_dict", "get_profile", "load_file", "model", "next_cost", "predict", "profiles", "recording",
-    "set_profile",
+    "resolve", "set_profile",
 ]

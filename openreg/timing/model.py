@@ -123,19 +123,20 @@ def predict(cost: Cost, profile) -> Prediction:
     if cost.collective is not None:
         steps, share = _COLLECTIVES[cost.collective]
         p = max(cost.ranks, 1)
-        link = profile.interconnect_gbs * 1e9 * eff["interconnect"]
+        link = profile.interconnect_gbs * 1e9
         if p == 1:
             return Prediction(latency, "latency", peak_bytes=link)
-        wire = share(p) * cost.bytes / link
+        wire = share(p) * cost.bytes / (link * eff["interconnect"])
         seconds = latency + steps(p) * profile.collective_latency_us * 1e-6 + wire
         return Prediction(seconds, "link" if wire > seconds - wire else "latency", 0.0, wire, 0.0, link)
     if cost.link is not None:
         if cost.link == "peer":
-            rate = profile.interconnect_gbs * 1e9 * eff["interconnect"]
+            peak, share = profile.interconnect_gbs * 1e9, eff["interconnect"]
         else:
-            rate = (profile.host_pinned_gbs if cost.pinned else profile.host_pageable_gbs) * 1e9 * eff["host_link"]
-        wire = cost.bytes / rate
-        return Prediction(latency + wire, "link" if wire > latency else "latency", 0.0, wire, 0.0, rate)
+            peak = (profile.host_pinned_gbs if cost.pinned else profile.host_pageable_gbs) * 1e9
+            share = eff["host_link"]
+        wire = cost.bytes / (peak * share)
+        return Prediction(latency + wire, "link" if wire > latency else "latency", 0.0, wire, 0.0, peak)
     matrix = cost.kind in ("matrix", "conv")
     peak = profile.peak_flops(cost.dtype, matrix=matrix)
     flops_rate = peak * eff[cost.kind] if matrix else peak

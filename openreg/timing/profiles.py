@@ -91,7 +91,8 @@ def from_dict(data: Mapping, origin: str = "profile") -> DeviceProfile:
         return value
 
     if not isinstance(data, Mapping):
-        raise OpenRegError(ErrorCode.INVALID_VALUE, f"{origin}: a profile is a table of fields, got {type(data).__name__}")
+        raise OpenRegError(ErrorCode.INVALID_VALUE,
+                           f"{origin}: a profile is a table of fields, got {type(data).__name__}")
     known = {"name", "description", "compute_units", "matrix_tflops", "vector_tflops", "memory_gib",
              "memory_bandwidth_gbs", "host_link", "interconnect", "launch_latency_us", "efficiency", "sources"}
     for name in data:

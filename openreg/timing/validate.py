@@ -87,7 +87,7 @@ def fit(rows: list[dict]) -> dict:
             name = row["use"][4:]
             low, high = (0.0, 100.0) if name.endswith("_us") else (0.01, 2.0)
 
-            def error(x: float) -> float:
+            def error(x: float, row: dict = row, name: str = name) -> float:
                 trial = with_parameters(profiles[row["device"]], {**params, name: x})
                 return predict_figure(row, trial) - row["value"]
 

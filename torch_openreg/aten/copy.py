@@ -14,6 +14,7 @@ import openreg
 from torch_openreg import _C
 from torch_openreg.device import sync_debug
 from torch_openreg.memory import host_allocator
+from torch_openreg.timing import costs as timing_costs
 
 from .launch import host_view, launch, run_sync
 
@@ -30,6 +31,8 @@ def copy_from(src: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False) 
     alias of its storage (``_C._cpu_alias``), which keeps the host buffer alive until the copy has
     run and carries no autograd state (``dst`` may be a tensor autograd already tracks).
     """
+    if openreg.timing.active:  # the timing model prices the copy's launch (torch_openreg/timing)
+        timing_costs.price_copy(src, dst, non_blocking)
     if src.get_device() >= 0 and dst.get_device() >= 0:
         if src.device == dst.device:
             launch(dst.device.index, _copy_into, host_view(dst), host_view(src), tensors=(dst, src), name="copy_d2d")
@@ -85,5 +88,7 @@ def local_scalar_dense(t: torch.Tensor) -> int | float | bool | complex:
     """``aten::_local_scalar_dense`` (``.item()``): waits for the current stream, reads one value."""
     if sync_debug.mode:
         sync_debug.check("aten::_local_scalar_dense (.item())")
+    if openreg.timing.active:
+        timing_costs.price_item(t)
     return run_sync(t.device.index, lambda v: v.item(), host_view(t), tensors=(t,), name="item")
 # LITERALINCLUDE END: LOCAL SCALAR DENSE
