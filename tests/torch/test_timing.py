@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,7 +14,7 @@ import torch
 import openreg
 from torch_openreg.timing import costs
 
-from conftest import ROOT  # noqa: I001  (tests/torch/conftest.py)
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _op(report, name):
