@@ -195,9 +195,13 @@ def test_compiled_kernels_and_collectives_are_priced():
         runtime.launch_kernels(0, "cpp_fused_add_0", (t,), lambda: None, ())
         costs.price_collective("occl:allreduce", [t], 8)
         openreg.current_stream(0).launch(lambda: None, name="occl:allreduce")
-    kernel, collective = report.launches
+        costs.price_collective("occl:all_to_all_single", [t], 4)
+        openreg.current_stream(0).launch(lambda: None, name="occl:all_to_all_single")
+    kernel, collective, all_to_all = report.launches
     assert kernel.cost.kind == "elementwise" and kernel.cost.bytes == t.numel() * 4
     assert collective.cost.collective == "all_reduce" and collective.cost.ranks == 8
+    assert collective.prediction.seconds > kernel.prediction.seconds  # 14 step latencies over the interconnect
+    assert all_to_all.cost.collective == "all_to_all" and all_to_all.cost.bytes == t.numel() * 4
 
 
 def test_profiler_shows_simulated_time_beside_the_hosts(tmp_path):
@@ -227,3 +231,20 @@ def test_predict_command(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "torch_openreg.predict", str(script), "--profile", "b200"],
                          capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert bad.returncode == 2 and "known profiles: a100-sxm, h100-sxm, t4" in bad.stderr
+
+
+def test_an_occl_collective_is_priced_by_the_backend():
+    import torch.distributed as dist
+
+    dist.init_process_group("cpu:gloo,openreg:occl", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        t = torch.ones(1024, device="openreg")
+        with torch.openreg.simulate("h100-sxm") as report:
+            dist.all_reduce(t)
+        torch.openreg.synchronize()
+    finally:
+        dist.destroy_process_group()
+    (record,) = [r for r in report.launches if r.name.startswith("occl:")]
+    assert record.cost.collective == "all_reduce" and record.cost.ranks == 1 and record.cost.bytes == 4096
+    assert record.prediction.bound == "latency"  # one rank sends nothing
+    assert t.cpu().eq(1).all()

@@ -92,6 +92,8 @@ def launch_name(op: torch._ops.OpOverload) -> str:
 # LITERALINCLUDE START: TIMING PRICE OP
 def price_op(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> None:
     """The global fallback's hook: the cost of the launch this operator call is about to make."""
+    if op.is_view:  # metadata only: no launch to price
+        return
     try:
         key = (op, _key(args), _key(kwargs), dtype_name(torch.float32, "matrix"))
         hash(key)
@@ -242,7 +244,7 @@ def price_kernel(name: str, tensors: tuple) -> None:
 
 _COLLECTIVE_NAMES = (
     ("allreduce", "all_reduce"), ("all_reduce", "all_reduce"), ("reduce_scatter", "reduce_scatter"),
-    ("allgather", "all_gather"), ("all_gather", "all_gather"), ("alltoall", "all_to_all"),
+    ("allgather", "all_gather"), ("all_gather", "all_gather"), ("alltoall", "all_to_all"), ("all_to_all", "all_to_all"),
     ("broadcast", "broadcast"), ("reduce", "reduce"), ("gather", "gather"), ("scatter", "scatter"),
     ("send", "send"), ("recv", "recv"), ("barrier", "barrier"),
 )
