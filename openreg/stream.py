@@ -169,7 +169,7 @@ class _Queue:
     # LITERALINCLUDE END: STREAM RUN
 
     # LITERALINCLUDE START: STREAM WAIT
-    def wait_for(self, seq: int, settle: bool = True) -> None:
+    def wait_for(self, seq: int, settle: bool = True, simulated: bool = True) -> None:
         """Block until launch ``seq`` has finished, running queued work here when the worker is idle.
 
         A host that has waited for everything finds device memory closed again: it closes what
@@ -179,7 +179,7 @@ class _Queue:
         """
         if forked():
             start()  # raises: the workers did not survive the fork
-        if timing.active and settle:  # the timing model: the host is at that launch's simulated end now
+        if timing.active and settle and simulated:  # the timing model: the host is at that launch's end now
             timing.host_waits(self.device, self.id, seq)
         scope = None  # the kernel context, entered once this host runs an item itself
         try:
@@ -351,8 +351,9 @@ class Stream:
                 q.wake.notify()
         if timing.active:  # the timing model: this launch's simulated start and end (openreg/timing)
             timing.launched(self, seq, name, cost, tag)
-        if LAUNCH_BLOCKING:
-            self.synchronize()
+        if LAUNCH_BLOCKING:  # a debugging setting's wait, not the program's: simulated time ignores it
+            q.wait_for(q.launched, simulated=False)
+            self.check_error()
         return seq
     # LITERALINCLUDE END: STREAM LAUNCH
 
@@ -375,10 +376,11 @@ class Stream:
             item.seq = q.launched
             q.items.append(item)
             q.last_launch = time.monotonic()
+        simulated = True  # whether the timing model's host waits too (not for a simulator-only check)
         if timing.active:  # the timing model: this launch's simulated start and end (openreg/timing)
-            timing.launched(self, item.seq, name, cost, tag)
+            simulated = timing.launched(self, item.seq, name, cost, tag)
         try:
-            q.wait_for(item.seq)
+            q.wait_for(item.seq, simulated=simulated)
         finally:
             if item.outcome is None:  # interrupted (KeyboardInterrupt) before it ran: an ordinary launch now
                 with q.lock:

@@ -78,27 +78,33 @@ def recording() -> Iterator[list[Launch]]:
             clock.collectors.remove(launches)
 
 
-def next_cost(name: str, cost: Cost | None) -> None:
+def next_cost(name: str, cost: Cost | None, host_waits: bool = True) -> None:
     """Price the calling thread's next launch named ``name`` (for a client whose launch is made further
-    down, by code that does not know the operator). A launch with another name drops it."""
-    _pending.value = (name, cost)
+    down, by code that does not know the operator). A launch with another name drops it. ``host_waits``
+    False: if that launch is run synchronously (``Stream.run_here``), it is for the simulator's sake (the
+    fallback checks the first call of each call shape that way), not because a device would make the
+    host wait, so the simulated host does not wait for it."""
+    _pending.value = (name, cost, host_waits)
 
 
 # The runtime's hooks (openreg.stream and openreg.event call them only while ``active``).
-def launched(stream, seq: int, name: str, cost: Cost | None, tag=None) -> None:
-    """A launch was queued: give it its simulated start and end."""
+def launched(stream, seq: int, name: str, cost: Cost | None, tag=None) -> bool:
+    """A launch was queued: give it its simulated start and end. Returns whether a host that waits for
+    it at once (``run_here``) waits in simulated time too (see :func:`next_cost`)."""
     clock = _clock
     if clock is None:
-        return
+        return True
+    host_waits = True
     if cost is None:
         pending = getattr(_pending, "value", None)
         if pending is not None:
             _pending.value = None
             if pending[0] == name:
-                cost = pending[1]
+                cost, host_waits = pending[1], pending[2]
     record = clock.launch(stream.device, stream.id, seq, name, cost)
     if tag is not None and hasattr(tag, "simulated"):
         tag.simulated = (record.start, record.end)  # the profiler shows it beside the host's time
+    return host_waits
 
 
 def host_waits(device: int, stream_id: int, seq: int) -> None:

@@ -294,3 +294,19 @@ def test_docs_table_is_the_validation_output():
     doc = (ROOT / "docs" / "timing.md").read_text()
     table = validate.markdown(validate.compare(validate.load()))
     assert table in doc, "docs/timing.md's validation table is stale: paste python -m openreg.timing.validate"
+
+
+def test_launch_blocking_does_not_change_simulated_time():
+    # OPENREG_LAUNCH_BLOCKING=1 waits after every launch to surface errors: a debugging setting of the
+    # simulator, not a wait of the program, so copy and compute still overlap in simulated time
+    code = (
+        "import openreg\nfrom openreg import timing\ntiming.set_profile('a100-sxm')\n"
+        "s1, s2 = openreg.Stream(), openreg.Stream()\n"
+        "with timing.recording() as r:\n"
+        "    s1.launch(lambda: None, cost=timing.Cost('copy', bytes=2e8, link='h2d'))\n"
+        "    s2.launch(lambda: None, cost=timing.Cost('matrix', flops=2e12, bytes=1e8, dtype='bfloat16'))\n"
+        "print(r[1].start == 0.0 and r[0].start == 0.0, openreg.LAUNCH_BLOCKING)\n"
+    )
+    env = {**os.environ, "OPENREG_LAUNCH_BLOCKING": "1", "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.stdout.split() == ["True", "True"], out.stderr

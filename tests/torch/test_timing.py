@@ -248,3 +248,25 @@ def test_an_occl_collective_is_priced_by_the_backend():
     assert record.cost.collective == "all_reduce" and record.cost.ranks == 1 and record.cost.bytes == 4096
     assert record.prediction.bound == "latency"  # one rank sends nothing
     assert t.cpu().eq(1).all()
+
+
+def test_the_fallbacks_own_synchronous_runs_are_not_host_waits():
+    # a call shape seen for the first time runs synchronously (the fallback checks it on the host):
+    # a device would not make the host wait, so work on another stream still starts at once
+    a, b = torch.randn(331, 77, device="openreg"), torch.randn(77, 1013, device="openreg")
+    side = torch.openreg.Stream()
+    with torch.openreg.simulate("a100-sxm") as report:
+        a @ b
+        with torch.openreg.stream(side):
+            a + 2
+    mm = next(r for r in report.launches if r.name == "aten::mm")
+    add = next(r for r in report.launches if r.name == "aten::add.Tensor")
+    assert add.start < mm.end
+    # a data-dependent operator does make the host wait (as nonzero does on CUDA)
+    with torch.openreg.simulate("a100-sxm") as report:
+        (a > 0).nonzero()
+        with torch.openreg.stream(side):
+            a + 2
+    nonzero = next(r for r in report.launches if r.name == "aten::nonzero")
+    add = next(r for r in report.launches if r.name == "aten::add.Tensor")
+    assert add.start >= nonzero.end

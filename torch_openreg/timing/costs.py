@@ -106,7 +106,16 @@ def price_op(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> None:
             if len(_cache) >= _CACHE_SIZE:
                 _cache.clear()
             _cache[key] = cost
-    openreg.timing.next_cost(launch_name(op), cost)
+    openreg.timing.next_cost(launch_name(op), cost, _host_waits(op))
+
+
+def _host_waits(op: torch._ops.OpOverload) -> bool:
+    """Whether a device would make the host wait for this operator: its output shapes depend on the
+    data, or it returns something that is not a tensor (``equal``, ``is_nonzero``). Other synchronous
+    runs are the fallback's own (its check of a call shape's first call)."""
+    if {torch.Tag.dynamic_output_shape, torch.Tag.data_dependent_output} & set(op.tags):
+        return True
+    return not all(str(r.type) in ("Tensor", "Tensor[]", "Optional[Tensor]") for r in op._schema.returns)
 
 
 def estimate(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Cost:
