@@ -310,3 +310,17 @@ def test_launch_blocking_does_not_change_simulated_time():
     env = {**os.environ, "OPENREG_LAUNCH_BLOCKING": "1", "PYTHONPATH": str(ROOT)}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert out.stdout.split() == ["True", "True"], out.stderr
+
+
+def test_a_cost_handed_over_reaches_the_next_launch_of_that_name_only(simulated):
+    stream = openreg.Stream()
+    cost = Cost("elementwise", bytes=1e9)
+    with timing.recording() as launches:
+        timing.next_cost("priced", cost)
+        _launch(stream, None, "priced")
+        timing.next_cost("expected", cost)
+        _launch(stream, None, "other")  # another name: the handed-over cost is dropped
+        _launch(stream, None, "expected")
+    stream.synchronize()
+    assert [r.cost for r in launches] == [cost, None, None]
+    assert launches[1].prediction.seconds == pytest.approx(simulated.launch_latency_us * 1e-6)
