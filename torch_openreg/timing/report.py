@@ -118,7 +118,7 @@ class Report:
         figure, axes = plt.subplots(figsize=(8, 5))
         points = [r for r in self.operators() if r.bytes and r.seconds and r.kind not in ("copy", "collective")]
         roofs = {}
-        for row in points:
+        for row in (r for r in points if r.flops):  # the roofs of the operators on the plot
             peak = max((r.prediction.peak_flops for r in self.launches if r.name == row.name), default=0.0)
             roofs[peak] = roofs.get(peak, row.kind)
         intensities = [r.flops / r.bytes for r in points if r.flops] or [1.0]
