@@ -270,3 +270,13 @@ def test_the_fallbacks_own_synchronous_runs_are_not_host_waits():
     nonzero = next(r for r in report.launches if r.name == "aten::nonzero")
     add = next(r for r in report.launches if r.name == "aten::add.Tensor")
     assert add.start >= nonzero.end
+
+
+def test_an_error_inside_simulate_leaves_simulated_time_off(no_leak):
+    a = torch.randn(8, 8, device="openreg")
+    with pytest.raises(RuntimeError, match="size mismatch|shapes cannot be multiplied"):
+        with torch.openreg.simulate("t4") as report:
+            a @ torch.randn(9, 9, device="openreg")
+    assert not openreg.timing.active and torch.openreg.get_device_profile() is None
+    assert report.memory_peak  # the report was closed
+    del a
