@@ -90,6 +90,7 @@ class _Queue:
         self.last_launch = 0.0  # time.monotonic() of the last launch
         self.last_done = 0.0  # time.monotonic() when the last item finished
         self.ahead = 0  # items up to this sequence number had their pages opened ahead (_grant_ahead)
+        self.capture = None  # while a graph capture (openreg.graph) records this stream's launches, or guards it
 
     # LITERALINCLUDE START: STREAM RUN
     def run(self, item: _Item) -> None:
@@ -179,6 +180,8 @@ class _Queue:
         """
         if forked():
             start()  # raises: the workers did not survive the fork
+        if settle and self.capture is not None:
+            self.capture.refuse(self, "a host wait")  # a capture cannot wait (openreg.graph)
         if timing.active and settle and simulated:  # the timing model: the host is at that launch's end now
             timing.host_waits(self.device, self.id, seq)
         scope = None  # the kernel context, entered once this host runs an item itself
@@ -336,9 +339,16 @@ class Stream:
         ``cost`` (FLOPs, bytes, kind) is what the timing model prices, when simulated time is on.
         """
         start()
+        q = self._q
+        if q.capture is not None:  # a graph capture records the launch instead (openreg.graph)
+            capture = q.capture
+            seq = capture.record(q, fn, args, buffers, name)
+            if seq is not None:
+                if timing.active:  # the timing model: the recorded kernel keeps its cost for the replays
+                    timing.captured(capture.graph, name, cost)
+                return seq
         tag = _launch_hook(name, self.device, self.id) if _launch_hook is not None else None
         spans = memory.acquire(buffers) if buffers else []
-        q = self._q
         with q.lock:  # the conditions' lock, taken directly: cheaper than entering a Condition
             q.launched += 1
             seq = q.launched
@@ -366,9 +376,11 @@ class Stream:
         its warnings are the caller's: what a host-side check in a CUDA operator gives at the call.
         """
         start()
+        q = self._q
+        if q.capture is not None:  # a kernel the host runs now cannot be captured (openreg.graph)
+            q.capture.refuse(q, f"{name}, a synchronous call,")
         tag = _launch_hook(name, self.device, self.id) if _launch_hook is not None else None
         spans = memory.acquire(buffers) if buffers else []
-        q = self._q
         item = _Item(fn, args, spans, name, 0, tag)
         item.owner = threading.get_ident()
         with q.lock:
@@ -408,6 +420,8 @@ class Stream:
 
     def query(self) -> bool:
         """True if all launched work has finished (device memory is then closed to the host)."""
+        if self._q.capture is not None:
+            self._q.capture.refuse(self._q, "a stream query")
         return self._q.settle()
 
     @property
@@ -417,6 +431,9 @@ class Stream:
 
     def wait_event(self, event: Event) -> None:  # noqa: F821 - defined in event.py
         """Make later work on this stream wait for ``event`` (``cudaStreamWaitEvent``)."""
+        capture = self._q.capture or event.capture
+        if capture is not None and capture.wait_event(self._q, event):
+            return  # a fork or join of a graph capture (openreg.graph)
         if timing.active:  # the timing model: this stream's simulated time catches up with the event's
             timing.stream_waits(self, event._sim_time)
         target = event.pending()

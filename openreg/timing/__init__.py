@@ -18,7 +18,7 @@ import threading
 from collections.abc import Iterator, Mapping
 
 from . import model
-from .clock import Clock, Launch
+from .clock import _UNPRICED, Clock, Launch
 from .model import COLLECTIVES, EFFICIENCY, FREE, KINDS, Cost, Prediction, predict
 from .profiles import DTYPES, DeviceProfile, builtin, from_dict, load_file, resolve
 
@@ -105,6 +105,27 @@ def launched(stream, seq: int, name: str, cost: Cost | None, tag=None) -> bool:
     if tag is not None and hasattr(tag, "simulated"):
         tag.simulated = (record.start, record.end)  # the profiler shows it beside the host's time
     return host_waits
+
+
+def captured(graph, name: str, cost: Cost | None) -> None:
+    """A launch was recorded into a graph capture instead of queued: its node keeps the cost."""
+    if cost is None:
+        pending = getattr(_pending, "value", None)
+        if pending is not None:
+            _pending.value = None
+            cost = pending[1] if pending[0] == name else None
+    if graph.nodes:
+        graph.nodes[-1].cost = cost
+
+
+def graph_cost(costs: list[Cost | None]) -> Cost:
+    """The cost of a graph replay: its kernels' costs as parts of one launch (unpriced kernels: none)."""
+    parts = tuple(c if c is not None else _UNPRICED for c in costs if c is not FREE)
+    if not parts:
+        return FREE
+    biggest = max(parts, key=lambda c: c.flops + c.bytes)
+    return Cost(biggest.kind, sum(c.flops for c in parts), sum(c.bytes for c in parts), biggest.dtype,
+                formula=all(c.formula or not c.flops for c in parts), parts=parts)
 
 
 def host_waits(device: int, stream_id: int, seq: int) -> None:

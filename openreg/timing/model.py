@@ -72,6 +72,7 @@ class Cost:
     memory, ``"h2d"``, ``"d2h"`` or ``"peer"`` (``pinned`` says whether the host side is pinned).
     ``collective`` and ``ranks``: which collective, over how many ranks (``bytes`` is the buffer).
     ``formula``: whether ``flops`` came from a formula (the report lists the operators without one).
+    ``parts``: for a graph replay, its kernels' costs (one launch latency for them all).
     """
 
     kind: str
@@ -84,6 +85,7 @@ class Cost:
     collective: str | None = None
     ranks: int = 1
     formula: bool = False
+    parts: tuple = ()  # a graph replay: the costs of its kernels, run as one launch
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -120,6 +122,14 @@ def predict(cost: Cost, profile) -> Prediction:
         return Prediction(0.0, "latency")
     eff = profile.efficiency
     latency = profile.launch_latency_us * 1e-6
+    if cost.parts:  # a graph replay: its kernels back to back, behind one launch
+        parts = [predict(part, profile) for part in cost.parts]
+        work = [max(p.seconds - latency, 0.0) for p in parts]
+        total = sum(work)
+        main = parts[work.index(max(work))]
+        return Prediction(latency + total, "latency" if latency >= total else main.bound,
+                          sum(p.compute_s for p in parts), sum(p.memory_s for p in parts),
+                          max(p.peak_flops for p in parts), max(p.peak_bytes for p in parts))
     if cost.collective is not None:
         steps, share = _COLLECTIVES[cost.collective]
         p = max(cost.ranks, 1)

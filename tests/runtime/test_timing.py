@@ -324,3 +324,27 @@ def test_a_cost_handed_over_reaches_the_next_launch_of_that_name_only(simulated)
     stream.synchronize()
     assert [r.cost for r in launches] == [cost, None, None]
     assert launches[1].prediction.seconds == pytest.approx(simulated.launch_latency_us * 1e-6)
+
+
+def test_a_graph_replay_pays_one_launch_latency_for_its_kernels(simulated):
+    stream = openreg.Stream()
+    costs = [Cost("elementwise", bytes=1e6), Cost("matrix", flops=1e10, bytes=1e6, dtype="bfloat16"),
+             Cost("reduction", bytes=1e6)]
+    with timing.recording() as eager:
+        for cost in costs:
+            _launch(stream, cost)
+    openreg.begin_capture(stream)
+    try:
+        for cost in costs:
+            _launch(stream, cost)
+    finally:
+        graph = openreg.end_capture(stream)
+    with timing.recording() as replay:
+        graph.launch(stream)
+    stream.synchronize()
+    graph.release()
+    (record,) = replay
+    assert record.cost.parts == tuple(costs) and record.cost.flops == 1e10
+    latency = simulated.launch_latency_us * 1e-6
+    eager_time = sum(r.prediction.seconds for r in eager)
+    assert record.prediction.seconds == pytest.approx(eager_time - 2 * latency)  # one launch, not three
