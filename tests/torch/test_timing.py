@@ -280,3 +280,23 @@ def test_an_error_inside_simulate_leaves_simulated_time_off(no_leak):
     assert not openreg.timing.active and torch.openreg.get_device_profile() is None
     assert report.memory_peak  # the report was closed
     del a
+
+
+def test_a_replayed_graph_is_one_launch_of_its_priced_kernels():
+    n = 1024
+    a = torch.randn(n, n, device="openreg", dtype=torch.bfloat16)
+    g = torch.openreg.Graph()
+    with torch.openreg.simulate("h100-sxm"):  # captured with simulated time on: the nodes keep their costs
+        with torch.openreg.graph(g):
+            b = (a @ a).relu()
+    with torch.openreg.simulate("h100-sxm") as report:
+        g.replay()
+    torch.openreg.synchronize()
+    (replay,) = [r for r in report.launches if r.name.startswith("graph")]
+    names = [p.kind for p in replay.cost.parts]
+    assert "matrix" in names and replay.cost.flops == 2 * n**3
+    latency = report.profile.launch_latency_us * 1e-6
+    eager = sum(openreg.timing.predict(p, report.profile).seconds for p in replay.cost.parts)
+    assert replay.prediction.seconds == pytest.approx(eager - (len(replay.cost.parts) - 1) * latency)
+    torch.testing.assert_close(b.cpu(), (a.cpu() @ a.cpu()).relu())
+    g.reset()
