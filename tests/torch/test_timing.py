@@ -22,19 +22,19 @@ def _op(report, name):
 
 
 def test_matmul_on_a100_is_compute_bound_within_its_roofline(no_leak):
-    n = 4096
-    a = torch.randn(n, n, device="openreg", dtype=torch.bfloat16)
-    b = torch.randn(n, n, device="openreg", dtype=torch.bfloat16)
+    m, k = 3456, 1024  # 27 x 27 output tiles: 6.75 waves on the A100's 108 SMs
+    a = torch.randn(m, k, device="openreg", dtype=torch.bfloat16)
+    b = torch.randn(k, m, device="openreg", dtype=torch.bfloat16)
     with torch.openreg.simulate("a100-sxm") as report:
         c = a @ b
     mm = _op(report, "aten::mm")
-    assert mm.flops == 2 * n**3  # torch.utils.flop_counter's formula for mm
-    assert mm.bytes == 3 * n * n * 2
+    assert mm.flops == 2 * m * m * k  # torch.utils.flop_counter's formula for mm
+    assert mm.bytes == (2 * m * k + m * m) * 2
     assert mm.bound == "compute"
     assert mm.seconds > mm.flops / 312e12 and mm.seconds > mm.bytes / 2039e9  # under both roofs
     assert 0.7 < mm.compute_fraction < 1.0
     assert report.device_time == pytest.approx(mm.seconds)
-    torch.testing.assert_close(c.cpu().float(), (a.cpu().float() @ b.cpu().float()), rtol=2e-2, atol=2)
+    torch.testing.assert_close(c.cpu().float(), (a.cpu().float() @ b.cpu().float()), rtol=2e-2, atol=1)
     del a, b, c
 
 
