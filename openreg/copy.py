@@ -6,7 +6,7 @@ import ctypes
 import enum
 import os
 
-from . import memory
+from . import memory, timing
 from .errors import ErrorCode, OpenRegError
 from .stream import Stream, current_stream
 
@@ -60,17 +60,29 @@ def memcpy_async(dst: int, src: int, nbytes: int, kind: MemcpyKind, stream: Stre
     """Queue a copy of ``nbytes`` on ``stream`` (default: current stream of the device side)."""
     default, buffers = _check(dst, src, nbytes, kind)
     if nbytes:
-        (stream or default).launch(ctypes.memmove, dst, src, nbytes, buffers=buffers, name="memcpy")
+        cost = _cost(nbytes, kind) if timing.active else None
+        (stream or default).launch(ctypes.memmove, dst, src, nbytes, buffers=buffers, name="memcpy", cost=cost)
 
 
 def memcpy(dst: int, src: int, nbytes: int, kind: MemcpyKind) -> None:
     """Copy and wait for the copy (and the work queued before it on that stream)."""
     stream, buffers = _check(dst, src, nbytes, kind)
     if nbytes:
-        seq = stream.launch(ctypes.memmove, dst, src, nbytes, buffers=buffers, name="memcpy")
+        cost = _cost(nbytes, kind) if timing.active else None
+        seq = stream.launch(ctypes.memmove, dst, src, nbytes, buffers=buffers, name="memcpy", cost=cost)
         stream.wait_for(seq)
         stream.check_error()
 # LITERALINCLUDE END: RUNTIME MEMCPY
+
+
+def _cost(nbytes: int, kind: MemcpyKind) -> timing.Cost:
+    """What the timing model charges a copy: host copies cross the host link (the runtime's host
+    memory is pinned); device copies read and write device memory."""
+    if kind == MemcpyKind.HOST_TO_DEVICE:
+        return timing.Cost("copy", bytes=nbytes, link="h2d")
+    if kind == MemcpyKind.DEVICE_TO_HOST:
+        return timing.Cost("copy", bytes=nbytes, link="d2h")
+    return timing.Cost("copy", bytes=2 * nbytes)
 
 
 # LITERALINCLUDE START: COPY ENGINE

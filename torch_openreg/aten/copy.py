@@ -14,6 +14,7 @@ import openreg
 from torch_openreg import _C
 from torch_openreg.device import sync_debug
 from torch_openreg.memory import host_allocator
+from torch_openreg.timing import costs as timing_costs
 
 from .launch import host_view, launch, run_sync
 
@@ -30,6 +31,8 @@ def copy_from(src: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False) 
     alias of its storage (``_C._cpu_alias``), which keeps the host buffer alive until the copy has
     run and carries no autograd state (``dst`` may be a tensor autograd already tracks).
     """
+    if openreg.timing.active:  # the timing model prices the copy's launch (torch_openreg/timing)
+        timing_costs.price_copy(src, dst, non_blocking)
     if src.get_device() >= 0 and dst.get_device() >= 0:
         if src.device == dst.device:
             launch(dst.device.index, _copy_into, host_view(dst), host_view(src), tensors=(dst, src), name="copy_d2d")
@@ -72,8 +75,8 @@ ENGINE_MAX = 1 << 20  # larger copies open the pages and copy on the host: ``mpr
 def _extent(t: torch.Tensor) -> int | None:
     """Bytes from ``t``'s first element to its last, for the copy engine; None when it does not apply
     (a layout other than strided, quantized, negative strides, too large)."""
-    if t.layout != torch.strided or t.is_quantized or any(s < 0 for s in t.stride()):
-        return None
+    if t.layout != torch.strided or t.is_quantized or any(s < 0 for s in t.stride()) or openreg.timing.active:
+        return None  # (the timing model prices copies as launches: under simulate() they take that path)
     span = (1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride()))) * t.element_size() if t.numel() else 0
     return span if span <= ENGINE_MAX else None
 
@@ -136,6 +139,8 @@ def local_scalar_dense(t: torch.Tensor) -> int | float | bool | complex:
     the copy engine where it applies, else as a kernel run here)."""
     if sync_debug.mode:
         sync_debug.check("aten::_local_scalar_dense (.item())")
+    if openreg.timing.active:
+        timing_costs.price_item(t)
     host = _read(t)
     if host is not None:
         return host.item()

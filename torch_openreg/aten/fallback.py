@@ -28,6 +28,7 @@ import torch
 import openreg
 from torch_openreg import _C
 from torch_openreg.device import sync_debug
+from torch_openreg.timing import costs as timing_costs
 
 from .launch import detach_frames, host_view, launch, launch_extents, run_sync
 
@@ -421,6 +422,8 @@ def _wrap_numbers(info: OpInfo, args: tuple, kwargs: dict) -> tuple:
 # LITERALINCLUDE START: FALLBACK
 def fallback(op: torch._ops.OpOverload, *args: Any, **kwargs: Any) -> Any:
     """Run ``op`` for openreg tensors: meta for metadata, the CPU kernel on device memory for data."""
+    if openreg.timing.active:  # the timing model prices the launch this call makes (torch_openreg/timing)
+        timing_costs.price_op(op, args, kwargs)
     info = _infos.get(op)
     if info is None:
         info = _infos[op] = OpInfo(op)
