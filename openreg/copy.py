@@ -134,23 +134,32 @@ def _device_extent(ptr: int, nbytes: int, stream: Stream | None) -> Stream:
     return stream or current_stream(alloc.device)
 
 
-def memcpy_dtoh(src: int, nbytes: int, stream: Stream | None = None) -> bytearray | None:
+def _refuse_in_capture(stream: Stream, name: str) -> None:
+    """A synchronous copy cannot be captured (``cudaErrorStreamCaptureUnsupported``): refused under the
+    caller's name, as ``Stream.run_here`` refuses a kernel the host runs now."""
+    if stream._q.capture is not None:
+        stream._q.capture.refuse(stream._q, f"{name}, a synchronous call,")
+
+
+def memcpy_dtoh(src: int, nbytes: int, stream: Stream | None = None, name: str = "memcpy") -> bytearray | None:
     """``cudaMemcpy`` device to host into a new host buffer: waits for ``stream``'s earlier work (running it
     here, reporting its errors), then the copy engine reads the bytes. None when there is no copy engine."""
     if not _engine.available:
         return None
     stream = _device_extent(src, nbytes, stream)
+    _refuse_in_capture(stream, name)
     stream.synchronize()
-    return _engine.read(src, nbytes)
+    return stream.transfer(name, _engine.read, src, nbytes)
 
 
-def memcpy_htod(dst: int, data, stream: Stream | None = None) -> bool:
+def memcpy_htod(dst: int, data, stream: Stream | None = None, name: str = "memcpy") -> bool:
     """``cudaMemcpy`` host to device from a buffer: after ``stream``'s earlier work (which may still read
     the old bytes), the copy engine writes. False (nothing done) when there is no copy engine."""
     if not _engine.available:
         return False
     stream = _device_extent(dst, memoryview(data).nbytes, stream)
+    _refuse_in_capture(stream, name)
     stream.synchronize()
-    _engine.write(dst, data)
+    stream.transfer(name, _engine.write, dst, data)
     return True
 # LITERALINCLUDE END: COPY ENGINE

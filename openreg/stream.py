@@ -405,6 +405,19 @@ class Stream:
         return value
     # LITERALINCLUDE END: STREAM RUN HERE
 
+    def transfer(self, name: str, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run a copy engine's transfer ``fn(*args)`` now, on the calling thread (the caller has waited for
+        the stream's earlier work): no kernel, but profilers and utilization see it as this stream's
+        activity, as CUPTI reports a ``cudaMemcpy``."""
+        tag = _launch_hook(name, self.device, self.id) if _launch_hook is not None else None
+        started = time.perf_counter_ns()
+        try:
+            return fn(*args)
+        finally:
+            activity.record(self.device, started, time.perf_counter_ns(), name)
+            if _observers:
+                self._q._observe(_Item(fn, args, [], name, 0, tag), started)
+
     def wait_for(self, seq: int) -> None:
         """Block until launch number ``seq`` on this stream has finished."""
         self._q.wait_for(seq)

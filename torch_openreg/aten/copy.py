@@ -81,13 +81,13 @@ def _extent(t: torch.Tensor) -> int | None:
     return span if span <= ENGINE_MAX else None
 
 
-def _read(src: torch.Tensor) -> torch.Tensor | None:
+def _read(src: torch.Tensor, name: str = "copy") -> torch.Tensor | None:
     """A host tensor with ``src``'s values read by the copy engine after the stream's earlier work (lazy
     conjugate/negative bits kept); None when the engine does not apply."""
     nbytes = _extent(src)
     if nbytes is None or src.numel() == 0:
         return None
-    data = openreg.memcpy_dtoh(src.data_ptr(), nbytes, openreg.current_stream(src.device.index))
+    data = openreg.memcpy_dtoh(src.data_ptr(), nbytes, openreg.current_stream(src.device.index), name)
     if data is None:
         return None
     host = torch.frombuffer(data, dtype=src.dtype).as_strided(src.shape, src.stride())
@@ -113,7 +113,7 @@ def _engine_htod(src: torch.Tensor, dst: torch.Tensor) -> bool:
     staged = torch.empty(dst.shape, dtype=dst.dtype)
     staged.copy_(_C._cpu_alias(src))  # copy_'s own conversions and broadcasting, on the host
     return openreg.memcpy_htod(dst.data_ptr(), staged.view(-1).view(torch.uint8).numpy(),
-                               openreg.current_stream(dst.device.index))
+                               openreg.current_stream(dst.device.index), "copy")
 # LITERALINCLUDE END: ENGINE COPIES
 
 
@@ -141,7 +141,7 @@ def local_scalar_dense(t: torch.Tensor) -> int | float | bool | complex:
         sync_debug.check("aten::_local_scalar_dense (.item())")
     if openreg.timing.active:
         timing_costs.price_item(t)
-    host = _read(t)
+    host = _read(t, "item")
     if host is not None:
         return host.item()
     return run_sync(t.device.index, lambda v: v.item(), host_view(t), tensors=(t,), name="item")
