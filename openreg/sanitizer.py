@@ -375,10 +375,11 @@ def _overlapping(lo: int, hi: int) -> list[tuple[int, _Seg]]:
 
 # LITERALINCLUDE START: SANITIZER CHECK
 def launch(q: Any, buffers: Any, writes: Any, name: str, fn: Any, args: tuple,
-           host: bool = False) -> OpenRegError | None:
+           host: bool = False, done: bool = False) -> OpenRegError | None:
     """Check a launch about to be queued on ``q`` and record its accesses; returns the error to raise
     (nothing is recorded then) if it races. ``host``: the host runs it and waits for it (``run_here``),
-    so a launch that only reads is a host read (``.item()``, ``.cpu()``)."""
+    so a launch that only reads is a host read (``.item()``, ``.cpu()``). ``done``: no launch, the host
+    accesses the bytes itself now, in ``q``'s order after its earlier work (the copy engine's transfers)."""
     if not buffers and not writes:
         return None
     touched = _accesses(buffers, writes)
@@ -388,7 +389,9 @@ def launch(q: Any, buffers: Any, writes: Any, name: str, fn: Any, args: tuple,
     read = "host read" if host and not any(touched.values()) else "read"
     with _lock:
         key = (q.device, q.id)
-        seq = q.launched + 1  # the number the runtime gives this launch (taken under the queue's lock next)
+        # the number the runtime gives this launch (taken under the queue's lock next); a transfer of the host's
+        # own is at the stream's last launch, which it follows
+        seq = q.launched if done else q.launched + 1
         clock = _state(key).clock
         plan = []
         for (lo, hi), write in touched.items():

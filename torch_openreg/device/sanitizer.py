@@ -70,7 +70,7 @@ def _within(t: torch.Tensor, start: int, end: int) -> bool:
         base = t.untyped_storage().data_ptr()
     except RuntimeError:  # a tensor without storage (functional wrappers)
         return False
-    return bool(base) and start <= base < end
+    return bool(base) and base < end and start < base + t.untyped_storage().nbytes()  # its storage overlaps
 
 
 def _filled(cell: types.CellType) -> bool:
