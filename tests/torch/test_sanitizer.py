@@ -96,6 +96,25 @@ def test_ordered_programs_pass_and_match_the_cpu(order):
     torch.testing.assert_close(r.item(), (a * b).sum().item(), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("blocking", [True, False])
+def test_a_copy_from_pageable_memory_is_a_host_synchronization_only_when_blocking(blocking):
+    """A blocking copy waits for itself (PyTorch synchronizes the stream); ``non_blocking=True`` from pageable
+    memory returns before the copy has run on CUDA, though openreg's copy engine writes at once."""
+    s, main = torch.openreg.Stream(), torch.openreg.current_stream()
+    x = torch.zeros(4, device=DEV)
+    s.wait_stream(main)
+    with torch.openreg.stream(s):
+        x.copy_(torch.arange(4.0), non_blocking=not blocking)  # writes x on s
+    if blocking:
+        y = x + 1
+    else:
+        err = raced(lambda: x + 1)
+        assert err.race.previous.name == "copy" and "a float32 tensor of shape (4,)" in str(err)
+        main.wait_stream(s)
+        y = x + 1
+    torch.testing.assert_close(y.cpu(), torch.arange(4.0) + 1)
+
+
 def test_an_inplace_write_races_with_reads_on_another_stream_and_reads_do_not():
     x = torch.arange(4.0, device=DEV)
     s, main = torch.openreg.Stream(), torch.openreg.current_stream()
