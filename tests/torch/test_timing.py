@@ -255,6 +255,7 @@ def test_the_fallbacks_own_synchronous_runs_are_not_host_waits():
     # a device would not make the host wait, so work on another stream still starts at once
     a, b = torch.randn(331, 77, device="openreg"), torch.randn(77, 1013, device="openreg")
     side = torch.openreg.Stream()
+    side.wait_stream(torch.openreg.current_stream())  # a and b were written there (the stream sanitizer checks it)
     with torch.openreg.simulate("a100-sxm") as report:
         a @ b
         with torch.openreg.stream(side):
