@@ -501,6 +501,31 @@ def check_side_stream(rank: int, world: int) -> None:
     close(t * 1, cpu_reference_allreduce(x, "SUM", world))
 
 
+@check
+def check_peers_are_awaited_off_the_current_stream(rank: int, world: int) -> None:
+    """A collective whose peers have not arrived holds its group's stream, not the caller's: rank 0 runs and
+    synchronizes more work on its current stream before it lets the others call the collective at all."""
+    from datetime import timedelta
+
+    import openreg
+
+    store = dist.distributed_c10d._get_default_store()
+    t = torch.full((4,), float(rank + 1), device=device(rank))
+    if rank == 0:
+        if openreg.LAUNCH_BLOCKING:  # every launch waits for its kernel: the peers must come first
+            store.set("occl_peers_go", "1")
+        work = dist.all_reduce(t, async_op=True)
+        u = torch.arange(3.0, device=device(rank)) * 2
+        assert u.cpu().tolist() == [0.0, 2.0, 4.0]  # synchronizes the current stream, peers still away
+        assert openreg.LAUNCH_BLOCKING or not work.is_completed()
+        store.set("occl_peers_go", "1")
+        work.wait()
+    else:
+        store.wait(["occl_peers_go"], timedelta(seconds=60))
+        dist.all_reduce(t)
+    close(t, torch.full((4,), float(sum(range(1, world + 1)))))
+
+
 ALL2 = list(CHECKS)
 ALL4 = ["all_reduce", "broadcast", "reduce", "all_gather_uneven", "all_gather_into_tensor", "reduce_scatter_tensor",
         "all_to_all_single_uneven", "all_to_all", "gather_scatter", "send_recv", "recv_any_source",

@@ -101,15 +101,60 @@ def test_plain_init_picks_occl_for_the_accelerator():
 
 
 # --- stream semantics -------------------------------------------------------------------------------
-def test_collective_is_a_launch_on_the_current_stream(group, launches):
+def collective_streams(launches, name: str = "occl:all_reduce") -> list[tuple[int, int]]:
+    return [(device, stream) for kernel, device, stream in launches if kernel == name]
+
+
+def test_collective_runs_on_the_group_stream_after_the_current_stream(group, launches, blocked):
+    """Like NCCL: the collective runs on the group's own stream, once the caller's stream reaches the call."""
     side = torch.openreg.Stream()
     t = torch.ones(4, device="openreg")
     side.wait_stream(torch.openreg.current_stream())
     with torch.openreg.stream(side):
+        gate = blocked()  # work queued on the caller's stream before the collective
         work = dist.all_reduce(t, async_op=True)
+    time.sleep(0.2)
+    assert not work.is_completed()  # it waits for the side stream's earlier work
+    gate.set()
     work.wait()
+    dist.all_reduce(t)
     torch.openreg.synchronize()
-    assert ("occl:all_reduce", 0, side.stream_id) in launches
+    streams = collective_streams(launches)
+    assert len(streams) == 2 and streams[0] == streams[1]  # one stream per group and device
+    assert streams[0][1] not in (0, side.stream_id)
+
+
+def test_groups_have_their_own_streams(group, launches):
+    other = dist.new_group(backend="occl")
+    t = torch.ones(4, device="openreg")
+    dist.all_reduce(t)
+    dist.all_reduce(t, group=other)
+    torch.openreg.synchronize()
+    first, second = collective_streams(launches)
+    assert first != second
+    dist.destroy_process_group(other)
+
+
+def test_current_stream_goes_on_while_the_collective_is_held(group, launches, asynchronous):
+    """The caller's stream is not held by the collective: only work.wait() orders it after the collective."""
+    t = torch.ones(4, device="openreg")
+    dist.all_reduce(t)
+    torch.openreg.synchronize()
+    (device, stream), = collective_streams(launches)
+    gate = threading.Event()
+    openreg.get_stream(device, stream).launch(gate.wait, 30, name="gate")  # holds the group's stream
+    try:
+        work = dist.all_reduce(t, async_op=True)
+        u = torch.arange(3.0, device="openreg") * 2
+        assert u.cpu().tolist() == [0.0, 2.0, 4.0]  # the current stream ran past the collective
+        assert not work.is_completed()
+        work.wait()
+        v = t + 0  # queued after the collective on the current stream
+        threading.Timer(0.2, gate.set).start()
+        assert v.cpu().tolist() == [1.0] * 4
+        assert work.is_completed()
+    finally:
+        gate.set()
 
 
 def test_wait_orders_the_stream_without_blocking_the_host(group, blocked):
@@ -193,6 +238,35 @@ def test_error_in_the_kernel_surfaces_at_synchronize(no_leak, group, blocked):
         dist.all_reduce(t)  # later calls fail at once
 
 
+def test_error_reaches_the_stream_it_was_launched_from(no_leak, group, blocked):
+    side = torch.openreg.Stream()
+    t = torch.ones(4, device="openreg")
+    side.wait_stream(torch.openreg.current_stream())
+    with torch.openreg.stream(side):
+        gate = blocked()
+        work = dist.all_reduce(t, async_op=True)
+        occl(group).abort()  # the collective has not run: it fails when it does
+        gate.set()
+        work.wait()
+        with pytest.raises(RuntimeError, match=rf"occl:all_reduce on openreg:0 stream {side.stream_id} .* destroyed"):
+            side.synchronize()
+    torch.openreg.synchronize()  # reported once, to the stream it was launched from
+    assert not work.is_success()
+
+
+def test_memory_of_a_freed_tensor_waits_for_the_collective(no_leak, group, blocked):
+    gate = blocked()
+    t = torch.ones(1 << 16, device="openreg")
+    ptr = t.data_ptr()
+    dist.all_reduce(t, async_op=True)
+    del t  # the queued collective holds it until it has run
+    u = torch.empty(1 << 16, device="openreg")
+    assert u.data_ptr() != ptr
+    gate.set()
+    torch.openreg.synchronize()
+    del u
+
+
 # --- argument errors (raised at the call, nothing launched) ------------------------------------------
 def test_cpu_tensor_through_occl(group):
     with pytest.raises(RuntimeError, match=r"occl: all_reduce got a tensor on cpu.*cpu:gloo,openreg:occl"):
@@ -254,7 +328,7 @@ def test_other_device_launches_there(group, two_devices, launches):
     t = torch.ones(2, device="openreg:1")
     dist.all_reduce(t)
     torch.openreg.synchronize(1)
-    assert ("occl:all_reduce", 1, 0) in launches
+    assert [device for device, _ in collective_streams(launches)] == [1]
     assert openreg.get_device() == 0
 
 

@@ -27,7 +27,8 @@ from datetime import timedelta
 import torch
 
 import openreg
-from torch_openreg.aten.launch import host_views, launch
+from openreg.stream import LAUNCH_BLOCKING
+from torch_openreg.aten.launch import detach_frames, host_views, launch
 
 from .checks import Checker, Header, MismatchError, Signature, describe
 from .transport import Transport
@@ -97,6 +98,7 @@ class OCCL:
         self._lock = threading.Lock()  # launches of this group: numbers, tickets and launches in one order
         self._coalesced: list | None = None  # (name, device, ops, outputs, work) while coalescing
         self._last: dict[int, openreg.Event] = {}  # per device, the end of the last collective launched
+        self._streams: dict[int, openreg.Stream] = {}  # per device, the stream the group's collectives run on
         self._closed = False
 
     # LITERALINCLUDE START: OCCL SUBMIT
@@ -120,16 +122,35 @@ class OCCL:
         return work
 
     def _launch(self, device: int, ops: list[_Op], work: Work, kernel_name: str) -> None:
-        """Queue the kernel on the device's current stream (under the launch lock) and mark its end."""
+        """Queue the kernel on the group's stream of ``device``, after the work queued so far on the caller's
+        current stream (under the launch lock), and mark its end.
+
+        The queued kernel holds its tensors until it has run, so their memory cannot go back to the caller
+        stream's pool while the collective may still use it (NCCL's stash, TORCH_NCCL_AVOID_RECORD_STREAMS).
+        """
         ticket = self.transport.ticket()
+        caller = openreg.current_stream(device)
+        stream = self._streams.get(device)
+        if stream is None:
+            stream = self._streams[device] = openreg.Stream(device)
+        tensors = [t for op in ops for t in op.tensors]
+        work.caller, work.kernel = caller, kernel_name
+        ready = openreg.Event(device=device)
+        ready.record(caller)
+        stream.wait_event(ready)  # the collective starts once the caller's stream reaches this point
+        openreg.set_stream(stream)
         try:
-            tensors = [t for op in ops for t in op.tensors]
-            stream, _ = launch(device, self._kernel, work.name, ticket, ops, work, tensors=tensors, name=kernel_name)
+            launch(device, self._kernel, work.name, ticket, ops, work, tensors=tensors, name=kernel_name)
         except BaseException:
-            self._withdraw(ops, ticket)
+            if not work.ran:  # (with OPENREG_LAUNCH_BLOCKING=1 the kernel ran, and its error is the caller's)
+                self._withdraw(ops, ticket)
             raise
+        finally:
+            openreg.set_stream(caller)
         work.record(stream)
         self._last[device] = work.event
+        if LAUNCH_BLOCKING:
+            caller.check_error()  # the collective ran at its launch: its error is reported here
 
     def _withdraw(self, ops: list[_Op], ticket: int) -> None:
         """A launch failed after its ops were numbered: give their places up, so no peer waits for them."""
@@ -147,7 +168,12 @@ class OCCL:
                 op.check = self.checker.add(op.signature)
 
     def _kernel(self, name: str, ticket: int, ops: list[_Op], work: Work) -> None:
-        """On the stream: in ticket order, check against the peers and issue; then wait, GIL released."""
+        """On the group's stream: in ticket order, check against the peers and issue; then wait, GIL released.
+
+        A failure is reported to the stream the collective was launched from, at its next synchronizing
+        call, as a kernel launched there would report it.
+        """
+        work.ran = True
         handles: list = []
         finishes = []
         try:
@@ -170,7 +196,10 @@ class OCCL:
             # the message only: the exception's frames hold this kernel's Work, which C++ holds too (a
             # cycle through C++ that the garbage collector cannot see, keeping the tensors alive)
             work.error = f"{type(exc).__name__}: {exc}"
-            raise
+            if not isinstance(exc, Exception):
+                raise
+            detach_frames(exc)  # its frames hold host views of device memory
+            work.caller.report_failure(work.kernel, exc)
     # LITERALINCLUDE END: OCCL SUBMIT
 
     def _verify(self, op: _Op) -> None:

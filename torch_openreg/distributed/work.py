@@ -27,14 +27,17 @@ class Work:
         self.name, self.device, self.outputs = name, device, outputs
         self.blocking = blocking  # barrier, receive from any source: wait() holds the host
         self.event = openreg.Event(device=device)
-        self.stream: openreg.Stream | None = None
+        self.stream: openreg.Stream | None = None  # the process group's stream the collective runs on
+        self.caller: openreg.Stream | None = None  # the stream it was launched from, which gets its error
+        self.kernel = f"occl:{name}"  # the kernel's name, in profiles and error messages
+        self.ran = False  # its kernel has started
         self.error: str | None = None  # "Type: message" of the collective's failure
         self.source = -1  # the sender, once a receive from any source has run
         self._future: torch.futures.Future | None = None
 
     # LITERALINCLUDE START: OCCL WORK RECORD
     def record(self, stream: openreg.Stream) -> None:
-        """Mark the launch just made on ``stream`` (the caller's current stream) as this work's end."""
+        """Mark the launch just made on ``stream`` (the process group's stream) as this work's end."""
         self.stream = stream
         self.event.record(stream)
 
@@ -63,8 +66,8 @@ class Work:
                 nap = min(2 * nap, 5e-3)
         else:
             self.event.synchronize()
-        if self.stream is not None:
-            self.stream.check_error()
+        if self.caller is not None:
+            self.caller.check_error()
 
     def is_completed(self) -> bool:
         return self.event.query()
@@ -112,7 +115,7 @@ class Coalesced(Work):
 
     def join(self, group: Work) -> None:
         self.group = group
-        self.event, self.stream = group.event, group.stream
+        self.event, self.stream, self.caller = group.event, group.stream, group.caller
 
     def get_future(self) -> torch.futures.Future:
         if self.group is None:
