@@ -124,6 +124,37 @@ def test_collective_runs_on_the_group_stream_after_the_current_stream(group, lau
     assert streams[0][1] not in (0, side.stream_id)
 
 
+def test_a_loop_of_collectives_queues_no_waits_on_the_group_stream(group, launches, blocked):
+    """Each call waits for the caller's stream only if work was queued there since the last one waited."""
+    t = torch.ones(4, device="openreg")
+    t.mul_(1)  # the fallback runs an operator's first call synchronously
+    gate = blocked()  # the caller's stream holds: each of its items is still pending at the next launch
+    for i in range(5):
+        dist.all_reduce(t)
+        if i == 2:
+            t.mul_(2)  # work queued on the caller's stream: the next collective waits for it
+    gate.set()
+    torch.openreg.synchronize()
+    (device, stream), *_ = collective_streams(launches)
+    queued = [name for name, d, s in launches if (d, s) == (device, stream)]
+    assert queued == ["wait_event"] + ["occl:all_reduce"] * 3 + ["wait_event"] + ["occl:all_reduce"] * 2
+    assert t.cpu().tolist() == [2.0] * 4
+
+
+def test_collective_after_a_wait_waits_for_work_queued_before_the_wait(group, blocked, asynchronous):
+    t = torch.ones(4, device="openreg")
+    work = dist.all_reduce(t, async_op=True)
+    gate = blocked()  # queued on the caller's stream after the collective, before the wait
+    u = torch.full((4,), 3.0, device="openreg")  # held behind the gate
+    work.wait()
+    later = dist.all_reduce(u, async_op=True)
+    time.sleep(0.2)
+    assert not later.is_completed()  # it waits for u's fill, not only for the first collective
+    gate.set()
+    later.wait()
+    assert u.cpu().tolist() == [3.0] * 4
+
+
 def test_groups_have_their_own_streams(group, launches):
     other = dist.new_group(backend="occl")
     t = torch.ones(4, device="openreg")

@@ -31,6 +31,7 @@ from openreg.stream import LAUNCH_BLOCKING
 from torch_openreg.aten.launch import detach_frames, host_views, launch
 
 from .checks import Checker, Header, MismatchError, Signature, describe
+from .streams import GroupStream
 from .transport import Transport
 from .work import Coalesced, Work
 
@@ -98,7 +99,7 @@ class OCCL:
         self._lock = threading.Lock()  # launches of this group: numbers, tickets and launches in one order
         self._coalesced: list | None = None  # (name, device, ops, outputs, work) while coalescing
         self._last: dict[int, openreg.Event] = {}  # per device, the end of the last collective launched
-        self._streams: dict[int, openreg.Stream] = {}  # per device, the stream the group's collectives run on
+        self._streams: dict[int, GroupStream] = {}  # per device, the stream the group's collectives run on
         self._closed = False
 
     # LITERALINCLUDE START: OCCL SUBMIT
@@ -130,14 +131,13 @@ class OCCL:
         """
         ticket = self.transport.ticket()
         caller = openreg.current_stream(device)
-        stream = self._streams.get(device)
-        if stream is None:
-            stream = self._streams[device] = openreg.Stream(device)
+        group_stream = self._streams.get(device)
+        if group_stream is None:
+            group_stream = self._streams[device] = GroupStream(device)
+        stream = group_stream.stream
         tensors = [t for op in ops for t in op.tensors]
-        work.caller, work.kernel = caller, kernel_name
-        ready = openreg.Event(device=device)
-        ready.record(caller)
-        stream.wait_event(ready)  # the collective starts once the caller's stream reaches this point
+        work.caller, work.group_stream, work.kernel = caller, group_stream, kernel_name
+        group_stream.after(caller)  # the collective starts once the caller's stream reaches this point
         openreg.set_stream(stream)
         try:
             launch(device, self._kernel, work.name, ticket, ops, work, tensors=tensors, name=kernel_name)

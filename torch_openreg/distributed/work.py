@@ -17,6 +17,8 @@ import torch
 
 import openreg
 
+from .streams import GroupStream
+
 BLOCKING_WAIT = os.environ.get("OCCL_BLOCKING_WAIT", "0") not in ("", "0")
 
 
@@ -29,6 +31,7 @@ class Work:
         self.event = openreg.Event(device=device)
         self.stream: openreg.Stream | None = None  # the process group's stream the collective runs on
         self.caller: openreg.Stream | None = None  # the stream it was launched from, which gets its error
+        self.group_stream: GroupStream | None = None
         self.kernel = f"occl:{name}"  # the kernel's name, in profiles and error messages
         self.ran = False  # its kernel has started
         self.error: str | None = None  # "Type: message" of the collective's failure
@@ -50,7 +53,11 @@ class Work:
 
     def synchronize(self) -> None:
         """``cudaStreamWaitEvent`` on the current stream of the collective's device."""
-        openreg.current_stream(self.device).wait_event(self.event)
+        stream = openreg.current_stream(self.device)
+        before = stream.launched
+        stream.wait_event(self.event)
+        if self.group_stream is not None:
+            self.group_stream.waited(stream, before)
     # LITERALINCLUDE END: OCCL WORK RECORD
 
     def block(self, timeout_ms: int = 0) -> None:
@@ -115,7 +122,8 @@ class Coalesced(Work):
 
     def join(self, group: Work) -> None:
         self.group = group
-        self.event, self.stream, self.caller = group.event, group.stream, group.caller
+        self.event, self.stream = group.event, group.stream
+        self.caller, self.group_stream = group.caller, group.group_stream
 
     def get_future(self) -> torch.futures.Future:
         if self.group is None:
