@@ -177,11 +177,14 @@ class OCCL:
         handles: list = []
         finishes = []
         try:
-            with self.transport.turn(ticket):
+            try:
+                self.transport.turn(ticket)
                 for op in ops:
                     self._verify(op)
                 for op in ops:
                     finishes.append(op.issue(host_views(*op.tensors), handles))
+            finally:
+                self.transport.release(ticket)
             try:
                 for handle in handles:
                     handle.wait()
