@@ -502,6 +502,21 @@ def check_side_stream(rank: int, world: int) -> None:
 
 
 @check
+def check_many_collectives_in_flight(rank: int, world: int) -> None:
+    """More collectives launched than one check window holds (windows grow), then a mismatch still found."""
+    xs = [data(rank, (8,), seed=i) for i in range(100)]
+    ts = [x.to(device(rank)) for x in xs]
+    works = [dist.all_reduce(t, async_op=True) for t in ts]
+    for work in works:
+        work.wait()
+    for t, x in zip(ts, xs):
+        close(t, cpu_reference_allreduce(x, "SUM", world))
+    bad = torch.ones(3 + rank, device=device(rank))
+    raises("do not match", lambda: then_sync(dist.all_reduce, bad))
+    recovers(rank, world)
+
+
+@check
 def check_peers_are_awaited_off_the_current_stream(rank: int, world: int) -> None:
     """A collective whose peers have not arrived holds its group's stream, not the caller's: rank 0 runs and
     synchronizes more work on its current stream before it lets the others call the collective at all."""
