@@ -106,7 +106,8 @@ def collective_streams(launches, name: str = "occl:all_reduce") -> list[tuple[in
 
 
 def test_collective_runs_on_the_group_stream_after_the_current_stream(group, launches, blocked):
-    """Like NCCL: the collective runs on the group's own stream, once the caller's stream reaches the call."""
+    """async_op=True, like NCCL: the collective runs on the group's own stream, once the caller's stream
+    reaches the call."""
     side = torch.openreg.Stream()
     t = torch.ones(4, device="openreg")
     side.wait_stream(torch.openreg.current_stream())
@@ -117,11 +118,29 @@ def test_collective_runs_on_the_group_stream_after_the_current_stream(group, lau
     assert not work.is_completed()  # it waits for the side stream's earlier work
     gate.set()
     work.wait()
-    dist.all_reduce(t)
+    dist.all_reduce(t, async_op=True).wait()
     torch.openreg.synchronize()
     streams = collective_streams(launches)
     assert len(streams) == 2 and streams[0] == streams[1]  # one stream per group and device
     assert streams[0][1] not in (0, side.stream_id)
+
+
+def test_synchronous_collective_runs_on_the_current_stream(group, launches):
+    """async_op=False, like ProcessGroupNCCL since PyTorch 2.8: the caller waits anyway, so the collective
+    is a launch on its current stream (no event waits between two streams)."""
+    side = torch.openreg.Stream()
+    t = torch.ones(4, device="openreg")
+    side.wait_stream(torch.openreg.current_stream())
+    with torch.openreg.stream(side):
+        dist.all_reduce(t)
+        dist.all_gather_into_tensor(torch.empty(4, device="openreg"), t)
+        dist.barrier(device_ids=[0])
+        dist.broadcast(t, 0)  # c10d's broadcast_ operator drops asyncOp (for every backend): always async
+    torch.openreg.synchronize()
+    ran = [(name, stream) for name, _, stream in launches if name.startswith("occl:")]
+    assert ran[:3] == [("occl:all_reduce", side.stream_id), ("occl:all_gather_into_tensor", side.stream_id),
+                       ("occl:barrier", side.stream_id)]
+    assert ran[3][0] == "occl:broadcast" and ran[3][1] != side.stream_id
 
 
 def test_a_loop_of_collectives_queues_no_waits_on_the_group_stream(group, launches, blocked):
@@ -130,7 +149,7 @@ def test_a_loop_of_collectives_queues_no_waits_on_the_group_stream(group, launch
     t.mul_(1)  # the fallback runs an operator's first call synchronously
     gate = blocked()  # the caller's stream holds: each of its items is still pending at the next launch
     for i in range(5):
-        dist.all_reduce(t)
+        dist.all_reduce(t, async_op=True).wait()
         if i == 2:
             t.mul_(2)  # work queued on the caller's stream: the next collective waits for it
     gate.set()
@@ -158,8 +177,8 @@ def test_collective_after_a_wait_waits_for_work_queued_before_the_wait(group, bl
 def test_groups_have_their_own_streams(group, launches):
     other = dist.new_group(backend="occl")
     t = torch.ones(4, device="openreg")
-    dist.all_reduce(t)
-    dist.all_reduce(t, group=other)
+    dist.all_reduce(t, async_op=True).wait()
+    dist.all_reduce(t, group=other, async_op=True).wait()
     torch.openreg.synchronize()
     first, second = collective_streams(launches)
     assert first != second
@@ -169,7 +188,7 @@ def test_groups_have_their_own_streams(group, launches):
 def test_current_stream_goes_on_while_the_collective_is_held(group, launches, asynchronous):
     """The caller's stream is not held by the collective: only work.wait() orders it after the collective."""
     t = torch.ones(4, device="openreg")
-    dist.all_reduce(t)
+    dist.all_reduce(t, async_op=True).wait()
     torch.openreg.synchronize()
     (device, stream), = collective_streams(launches)
     gate = threading.Event()
