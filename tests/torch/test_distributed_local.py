@@ -317,6 +317,26 @@ def test_memory_of_a_freed_tensor_waits_for_the_collective(no_leak, group, block
     del u
 
 
+def test_profiler_shows_collectives_on_their_streams(group):
+    """torch.profiler (PrivateUse1 activities) shows each collective as a kernel on the stream it ran on,
+    linked to the operator that launched it."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    t = torch.ones(1 << 10, device="openreg")
+    dist.all_reduce(t, async_op=True).wait()
+    torch.openreg.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1]) as prof:
+        dist.all_reduce(t)
+        dist.all_reduce(t, async_op=True).wait()
+        torch.openreg.synchronize()
+    kernels = sorted((e for e in prof.events() if e.device_type == DeviceType.PrivateUse1
+                      and e.name == "occl:all_reduce"), key=lambda e: e.time_range.start)
+    assert len(kernels) == 2 and all(e.linked_correlation_id > 0 for e in kernels)
+    current = torch.openreg.current_stream().stream_id
+    assert kernels[0].device_resource_id == current and kernels[1].device_resource_id != current
+
+
 # --- argument errors (raised at the call, nothing launched) ------------------------------------------
 def test_cpu_tensor_through_occl(group):
     with pytest.raises(RuntimeError, match=r"occl: all_reduce got a tensor on cpu.*cpu:gloo,openreg:occl"):
