@@ -933,8 +933,8 @@ def test_benchmark_quick_mode():
     out = subprocess.run([sys.executable, "-m", "benchmarks.distributed", "--quick"], capture_output=True, text=True,
                          timeout=300, cwd=ROOT, env=env)
     assert out.returncode == 0, out.stderr[-4000:]
-    for row in ("| 1 MB |", "| 4 MB |", "| MLP "):
+    for row in ("| 1 MB |", "| 4 MB |", "of gradients), DDP |", "of gradients), the same step without DDP |"):
         assert row in out.stdout, out.stdout
     ratios = [float(line.split("|")[4].strip().rstrip("x")) for line in out.stdout.splitlines()
               if line.startswith("| 1 MB") or line.startswith("| MLP")]
-    assert len(ratios) == 2 and all(r > 0 for r in ratios)
+    assert len(ratios) == 3 and all(r > 0 for r in ratios)
