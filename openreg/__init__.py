@@ -17,6 +17,7 @@ from .device import (
 )
 from .errors import ErrorCode, OpenRegError
 from .event import Event
+from .graph import CaptureMode, Graph, begin_capture, end_capture, is_capturing
 from .memory import (
     IpcHandle,
     PointerAttributes,
@@ -58,7 +59,8 @@ def launch(fn, *args, buffers=(), stream: Stream | None = None, name: str = "ker
 
 
 __all__ = [
-    "DeviceProperties", "ErrorCode", "Event", "LAUNCH_BLOCKING", "MemcpyKind", "OpenRegError", "IpcHandle",
+    "CaptureMode", "DeviceProperties", "ErrorCode", "Event", "Graph", "begin_capture", "end_capture", "is_capturing",
+    "LAUNCH_BLOCKING", "MemcpyKind", "OpenRegError", "IpcHandle",
     "ipc_export", "ipc_open",
     "PRIORITY_HIGH", "PRIORITY_LOW", "PointerAttributes", "Stream", "add_launch_observer",
     "current_stream", "default_stream", "device_capacity", "device_count", "exchange_device", "free",

@@ -90,6 +90,7 @@ class _Queue:
         self.last_launch = 0.0  # time.monotonic() of the last launch
         self.last_done = 0.0  # time.monotonic() when the last item finished
         self.ahead = 0  # items up to this sequence number had their pages opened ahead (_grant_ahead)
+        self.capture = None  # while a graph capture (openreg.graph) records this stream's launches, or guards it
 
     # LITERALINCLUDE START: STREAM RUN
     def run(self, item: _Item) -> None:
@@ -183,6 +184,8 @@ class _Queue:
         """
         if forked():
             start()  # raises: the workers did not survive the fork
+        if settle and self.capture is not None:
+            self.capture.refuse(self, "a host wait")  # a capture cannot wait (openreg.graph)
         scope = None  # the kernel context, entered once this host runs an item itself
         try:
             while True:
@@ -336,9 +339,13 @@ class Stream:
         when ``fn`` runs; they are closed again by the time the host has synchronized.
         """
         start()
+        q = self._q
+        if q.capture is not None:  # a graph capture records the launch instead (openreg.graph)
+            seq = q.capture.record(q, fn, args, buffers, name)
+            if seq is not None:
+                return seq
         tag = _launch_hook(name, self.device, self.id) if _launch_hook is not None else None
         spans = memory.acquire(buffers) if buffers else []
-        q = self._q
         with q.lock:  # the conditions' lock, taken directly: cheaper than entering a Condition
             q.launched += 1
             seq = q.launched
@@ -362,9 +369,11 @@ class Stream:
         its warnings are the caller's: what a host-side check in a CUDA operator gives at the call.
         """
         start()
+        q = self._q
+        if q.capture is not None:  # a kernel the host runs now cannot be captured (openreg.graph)
+            q.capture.refuse(q, f"{name}, a synchronous call,")
         tag = _launch_hook(name, self.device, self.id) if _launch_hook is not None else None
         spans = memory.acquire(buffers) if buffers else []
-        q = self._q
         item = _Item(fn, args, spans, name, 0, tag)
         item.owner = threading.get_ident()
         with q.lock:
@@ -410,6 +419,8 @@ class Stream:
 
     def query(self) -> bool:
         """True if all launched work has finished (device memory is then closed to the host)."""
+        if self._q.capture is not None:
+            self._q.capture.refuse(self._q, "a stream query")
         return self._q.settle()
 
     @property
@@ -419,6 +430,9 @@ class Stream:
 
     def wait_event(self, event: Event) -> None:  # noqa: F821 - defined in event.py
         """Make later work on this stream wait for ``event`` (``cudaStreamWaitEvent``)."""
+        capture = self._q.capture or event.capture
+        if capture is not None and capture.wait_event(self._q, event):
+            return  # a fork or join of a graph capture (openreg.graph)
         target = event.pending()
         if target is None:
             return  # never recorded or already complete: nothing to wait for

@@ -231,6 +231,20 @@ def copy_device_to_device(dst: int, src: int, nbytes: int, device: int) -> None:
     openreg.memcpy_async(dst, src, nbytes, openreg.MemcpyKind.DEVICE_TO_DEVICE, openreg.current_stream(device))
 
 
+# LITERALINCLUDE START: BRIDGE GRAPHS
+def graph_new(keep_graph: bool) -> object:
+    """The openreg graph behind a new ``torch.accelerator.Graph`` (csrc/graph.cpp holds it)."""
+    from .device.graphs import _GraphImpl
+
+    return _GraphImpl(keep_graph)
+
+
+def graph_call(method: str, impl: object, *args: object) -> object:
+    """One ``at::GraphImplInterface`` method of that graph: capture_begin, capture_end, replay, reset, ..."""
+    return getattr(impl, method)(*args)
+# LITERALINCLUDE END: BRIDGE GRAPHS
+
+
 # LITERALINCLUDE START: BRIDGE LAUNCH
 def launch(device: int, kernel, buffers: list[int], name: str) -> None:
     """Queue a C++ kernel (a callable from the bridge) on ``device``'s current stream."""

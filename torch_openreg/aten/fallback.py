@@ -434,8 +434,10 @@ def fallback(op: torch._ops.OpOverload, *args: Any, **kwargs: Any) -> Any:
             if meta is not SYNC:
                 # The first call of a call shape runs synchronously, on this thread: the checks of the CPU
                 # kernel's host code raise here, with the CPU's exception, and its warnings are this
-                # caller's (see _checked). Later calls of a clean shape are queued.
+                # caller's (see _checked). Later calls of a clean shape are queued. A graph capture records
+                # the first call like any launch: nothing runs on the host during a capture (openreg.graph).
                 check = key is None or key not in _checked
+                check = check and not openreg.is_capturing(openreg.current_stream(device.index))
                 plan = _plan(op, info, args, kwargs, tensors, device, meta, given) if info.plans is not None else None
                 if plan is not None and not (described is not None and plan.cacheable):
                     described = [None, *_swap(args, kwargs, info, device, _host_view_or_snapshot, "cpu"),

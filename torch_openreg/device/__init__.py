@@ -20,6 +20,16 @@ import torch
 import openreg as _rt
 
 from . import amp  # noqa: F401  (torch.openreg.amp)
+from . import memory as _memory
+from .graphed_callables import make_graphed_callables
+from .graphs import (
+    Graph,
+    MemPool,
+    graph,
+    graph_pool_handle,
+    is_current_stream_capturing,
+    use_mem_pool,
+)
 from .legacy import STORAGE_TYPES, TENSOR_TYPES
 from .memory import (
     OpenRegPluggableAllocator,
@@ -82,6 +92,7 @@ from .streams import (
 )
 from .sync_debug import get_sync_debug_mode, set_sync_debug_mode
 
+_memory.MemPool, _memory.use_mem_pool = MemPool, use_mem_pool  # torch.cuda.memory has them too
 globals().update(TENSOR_TYPES)  # torch.openreg.FloatTensor, ...
 globals().update(STORAGE_TYPES)  # torch.openreg.FloatStorage, ...
 OutOfMemoryError = torch.OutOfMemoryError  # what an openreg allocation that does not fit raises
@@ -89,7 +100,7 @@ AcceleratorError = torch.AcceleratorError  # what every other openreg driver err
 has_half = True
 
 # `import torch.openreg.amp` (and .memory, .random, .streams) finds these modules instead of loading copies.
-for _name in ("amp", "memory", "monitoring", "random", "streams"):
+for _name in ("amp", "graphs", "memory", "monitoring", "random", "streams"):
     sys.modules[f"torch.openreg.{_name}"] = sys.modules[f"{__name__}.{_name}"]
 
 __all__ = [
@@ -113,6 +124,8 @@ __all__ = [
     "max_memory_cached", "memory_cached", "memory_usage", "power_draw", "reset_accumulated_host_memory_stats",
     "reset_max_memory_cached", "reset_peak_host_memory_stats", "set_sync_debug_mode", "temperature", "utilization",
     *TENSOR_TYPES, *STORAGE_TYPES,
+    "Graph", "MemPool", "graph", "graph_pool_handle", "is_current_stream_capturing", "make_graphed_callables",
+    "use_mem_pool",
 ]
 
 class DeferredOpenRegCallError(RuntimeError):
