@@ -337,6 +337,24 @@ def test_profiler_shows_collectives_on_their_streams(group):
     assert kernels[0].device_resource_id == current and kernels[1].device_resource_id != current
 
 
+@pytest.mark.parametrize("async_op", [False, True])
+def test_collective_in_a_graph_capture_is_refused(no_leak, group, async_op):
+    """A collective cannot be recorded into a device graph (it is ordered and checked across ranks at launch):
+    the call raises, the capture is invalidated as CUDA invalidates one, and the group goes on."""
+    t = torch.ones(4, device="openreg")
+    graph = torch.openreg.Graph()
+    invalidated = "graph capture was invalidated: occl: all_reduce on openreg:0 .* graph capture"
+    with pytest.raises(RuntimeError, match=invalidated):
+        with torch.openreg.graph(graph):
+            t.mul_(2)
+            with pytest.raises(RuntimeError, match="all_reduce .* during a graph capture: occl orders and checks"):
+                dist.all_reduce(t, async_op=async_op)
+    dist.all_reduce(t, async_op=async_op)  # the refused call gave its place up: the next one runs
+    torch.openreg.synchronize()
+    assert t.cpu().tolist() == [1.0] * 4  # nothing captured ran
+    del t, graph
+
+
 # --- argument errors (raised at the call, nothing launched) ------------------------------------------
 def test_cpu_tensor_through_occl(group):
     with pytest.raises(RuntimeError, match=r"occl: all_reduce got a tensor on cpu.*cpu:gloo,openreg:occl"):

@@ -133,6 +133,11 @@ class OCCL:
         """
         ticket = self.transport.ticket()
         caller = stream = openreg.current_stream(device)
+        if openreg.is_capturing(caller):  # before the group's stream could join the capture
+            self._withdraw(ops, ticket)
+            openreg.refuse_capture(caller, f"occl: {kernel_name.removeprefix('occl:')} on openreg:{device} stream "
+                                   f"{caller.id} during a graph capture: occl orders and checks each collective "
+                                   "across ranks when it is launched, so a replay cannot repeat it")
         tensors = [t for op in ops for t in op.tensors]
         work.caller, work.kernel = caller, kernel_name
         if async_op:
