@@ -420,6 +420,26 @@ def test_other_device_launches_there(group, two_devices, launches):
     assert openreg.get_device() == 0
 
 
+def test_fully_shard_moves_a_cpu_module_onto_openreg(group):
+    """FSDP2 moves a CPU module's parameters with ``param.data =`` (openreg registers the shallow-copy check)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    reference = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    reference.load_state_dict(model.state_dict())
+    mesh = init_device_mesh("openreg", (1,))
+    fully_shard(model[0], mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    assert {p.device.type for p in model.parameters()} == {"openreg"}
+    x = torch.randn(4, 8)
+    model(x.to("openreg")).sum().backward()
+    reference(x).sum().backward()
+    for p, q in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(p.grad.full_tensor().cpu(), q.grad)
+
+
 def test_ddp_runtime_statistics(group):
     """DDP times forward, backward and communication on openreg through the registered device Timer."""
     from torch.nn.parallel import DistributedDataParallel as DDP
