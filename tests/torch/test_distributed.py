@@ -700,8 +700,8 @@ def _dead_peer(rank: int, world: int, how: str) -> tuple[float, str] | None:
         return None
     t = torch.ones(4, device=device(rank))
     start = time.monotonic()
-    dist.all_reduce(t)
     try:
+        dist.all_reduce(t)  # with OPENREG_LAUNCH_BLOCKING=1 the kernel runs, and fails, here
         t.cpu()
     except RuntimeError as exc:
         return time.monotonic() - start, str(exc)
