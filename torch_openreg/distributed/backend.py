@@ -29,6 +29,7 @@ import torch
 import openreg
 from openreg.stream import LAUNCH_BLOCKING
 from torch_openreg.aten.launch import detach_frames, host_views, launch
+from torch_openreg.timing import costs as timing_costs
 
 from .checks import Checker, Header, MismatchError, Signature, describe
 from .streams import GroupStream
@@ -148,6 +149,8 @@ class OCCL:
             group_stream.after(caller)  # the collective starts once the caller's stream reaches this point
             openreg.set_stream(stream)
         try:
+            if openreg.timing.active:  # the timing model: alpha-beta over the interconnect (torch_openreg/timing)
+                timing_costs.price_collective(kernel_name, tensors, self.size)
             launch(device, self._kernel, work.name, ticket, ops, work, tensors=tensors, name=kernel_name)
         except BaseException:
             if not work.ran:  # (with OPENREG_LAUNCH_BLOCKING=1 the kernel ran, and its error is the caller's)
