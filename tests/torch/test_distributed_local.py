@@ -355,6 +355,22 @@ def test_collective_in_a_graph_capture_is_refused(no_leak, group, async_op):
     del t, graph
 
 
+def test_timing_model_prices_collectives_on_either_stream(group):
+    """Under the timing model (torch.openreg.simulate), a collective is priced over the interconnect whether it
+    runs on the caller's stream (synchronous) or on the group's stream (asynchronous)."""
+    t = torch.ones(1 << 12, device="openreg")
+    dist.all_reduce(t, async_op=True).wait()  # the group's stream exists before the measurement
+    torch.openreg.synchronize()
+    with torch.openreg.simulate("h100-sxm") as report:
+        dist.all_reduce(t)
+        dist.all_reduce(t, async_op=True).wait()
+        torch.openreg.synchronize()
+    priced = [launch for launch in report.launches if launch.name == "occl:all_reduce"]
+    assert len(priced) == 2
+    assert all(launch.cost is not None and launch.cost.collective == "all_reduce" for launch in priced)
+    assert all(launch.cost.bytes == t.numel() * 4 and launch.cost.ranks == 1 for launch in priced)
+
+
 # --- argument errors (raised at the call, nothing launched) ------------------------------------------
 def test_cpu_tensor_through_occl(group):
     with pytest.raises(RuntimeError, match=r"occl: all_reduce got a tensor on cpu.*cpu:gloo,openreg:occl"):
