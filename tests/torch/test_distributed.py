@@ -664,7 +664,9 @@ def check_destroy_frees_memory(rank: int, world: int) -> None:
     group = dist.new_group(backend="occl")
     t = torch.ones(1 << 16, device=device(rank))
     out = torch.empty(world << 16, device=device(rank))
-    works = [dist.all_reduce(t, group=group, async_op=True), dist.all_gather_into_tensor(out, t, group=group)]
+    works = [dist.all_reduce(t, group=group, async_op=True)]
+    works[0].wait()  # the caller's stream waits for the group's stream, which writes t (the host does not)
+    works.append(dist.all_gather_into_tensor(out, t, group=group))
     bad = torch.ones(3 + rank, device=device(rank))
     with contextlib.suppress(RuntimeError):
         then_sync(dist.all_reduce, bad, dist.ReduceOp.SUM, group)

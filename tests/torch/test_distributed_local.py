@@ -418,6 +418,8 @@ def test_destroy_returns_memory(no_leak):
     dist.init_process_group("cpu:gloo,openreg:occl", store=dist.HashStore(), rank=0, world_size=1)
     t = torch.ones(1 << 16, device="openreg")
     works = [dist.all_reduce(t, async_op=True), dist.broadcast(t, 0, async_op=True)]
+    for work in works:  # the caller's stream waits for them (they run on the group's stream and write t, which
+        work.wait()     # the calls below read); the host does not: they may still be in flight at the destroy
     out = torch.empty(1 << 16, device="openreg")
     dist.all_gather_into_tensor(out, t)
     dist.all_to_all_single(out, t)
