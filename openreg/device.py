@@ -1,12 +1,9 @@
 """Devices of the simulated accelerator: how many, their properties, the current one.
 
-Configuration comes from the environment, read once at import, like a driver
-reading its module parameters:
-
-* ``OPENREG_DEVICE_COUNT``: number of devices (default 2).
-* ``OPENREG_DEVICE_MEMORY``: capacity of each device, e.g. ``4GiB``, ``512MiB``
-  or a byte count (default 4 GiB). Capacity is accounted, not reserved: pages
-  are only committed when a kernel or copy writes them.
+How many devices there are and their capacity come from the environment
+(``OPENREG_DEVICE_COUNT``, ``OPENREG_DEVICE_MEMORY``: :mod:`openreg.settings`).
+Capacity is accounted, not reserved: pages are only committed when a kernel or
+copy writes them.
 
 The current device is thread-local, like the current CUDA context.
 """
@@ -14,32 +11,14 @@ The current device is thread-local, like the current CUDA context.
 from __future__ import annotations
 
 import os
-import re
 import threading
 from dataclasses import dataclass
 
+from . import settings
 from .errors import ErrorCode, OpenRegError
 
-_UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
-
-
-def parse_size(text: str) -> int:
-    """Parse ``"4GiB"``, ``"512M"``, ``"1048576"`` into a byte count."""
-    match = re.fullmatch(r"\s*(\d+)\s*([KMGT]?)(?:I?B)?\s*", text.upper())
-    if not match:
-        raise OpenRegError(ErrorCode.INVALID_VALUE, f"cannot parse memory size {text!r}")
-    return int(match.group(1)) * _UNITS[match.group(2)]
-
-
-def _env_count() -> int:
-    raw = os.environ.get("OPENREG_DEVICE_COUNT", "2")
-    if not raw.strip().isdigit():
-        raise OpenRegError(ErrorCode.INVALID_VALUE, f"OPENREG_DEVICE_COUNT={raw!r} is not a count")
-    return int(raw)
-
-
-_COUNT = _env_count()
-_CAPACITY = parse_size(os.environ.get("OPENREG_DEVICE_MEMORY", "4GiB"))
+_COUNT = settings.DEVICE_COUNT
+_CAPACITY = settings.DEVICE_MEMORY
 
 
 @dataclass(frozen=True)

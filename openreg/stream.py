@@ -17,7 +17,6 @@ from __future__ import annotations
 import collections
 import contextlib
 import itertools
-import os
 import sys
 import threading
 import time
@@ -26,11 +25,11 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from . import memory
+from . import memory, settings
 from .device import check_device, device_count, forked, get_device, start
 from .errors import ErrorCode, OpenRegError, launch_failure
 
-LAUNCH_BLOCKING = os.environ.get("OPENREG_LAUNCH_BLOCKING", "0") not in ("", "0")
+LAUNCH_BLOCKING = settings.LAUNCH_BLOCKING
 
 _CLOSE_EVERY = 4096  # spans finished items may leave open before they are closed anyway
 _IDLE = 1e-3  # seconds without a launch before a stream's worker starts on queued work
