@@ -12,6 +12,7 @@ import itertools
 
 import openreg
 
+from .device.state import SUPPORTED_DTYPES
 from .memory import allocator, host_allocator, owner
 from .memory.caching_allocator import _owners
 
@@ -51,10 +52,8 @@ def is_pinned(ptr: int) -> bool:
 
 
 def supported_dtypes(device: int) -> list:
-    """The dtypes of ``torch.accelerator.get_device_capability`` (torch_openreg.device decides them)."""
+    """The dtypes of ``torch.accelerator.get_device_capability`` (``torch_openreg.device.state`` lists them)."""
     openreg.get_device_properties(_dev(device))  # an unknown device raises INVALID_DEVICE
-    from .device import SUPPORTED_DTYPES
-
     return SUPPORTED_DTYPES
 
 

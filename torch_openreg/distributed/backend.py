@@ -27,6 +27,7 @@ from datetime import timedelta
 import torch
 
 import openreg
+from torch_openreg import _C
 from torch_openreg.aten.launch import host_views, launch
 
 from .checks import Checker, Header, MismatchError, Signature, describe
@@ -708,8 +709,6 @@ def _drain(handles: list) -> None:
 # LITERALINCLUDE START: OCCL CREATE
 def create(options, backend_options=None):
     """The creator ``Backend.register_backend`` calls (extended API): a C++ Backend over :class:`OCCL`."""
-    from torch_openreg import _C
-
     timeout = options.timeout if isinstance(options.timeout, timedelta) else timedelta(seconds=options.timeout)
     impl = OCCL(options.store, options.group_rank, options.group_size, timeout, options.group_id)
     return _C._occl_backend(impl, options.group_rank, options.group_size, int(timeout.total_seconds() * 1000))
