@@ -61,6 +61,26 @@ class _Local(threading.local):
 
 _local = _Local()
 
+
+def get_device() -> int:
+    """The calling thread's current device (0 until set, like a fresh CUDA thread)."""
+    return _local.device
+
+
+def set_device(index: int) -> None:
+    """Make ``index`` the calling thread's current device."""
+    _local.device = check_device(index)
+
+
+def exchange_device(index: int) -> int:
+    """Set the current device and return the previous one (for device guards)."""
+    previous = get_device()
+    if index != previous:
+        set_device(index)
+    return previous
+# LITERALINCLUDE END: RUNTIME DEVICE
+
+
 # LITERALINCLUDE START: FORK POISON
 # A child forked after the runtime started has copies of its state but none of its
 # worker threads: like a CUDA context, the runtime cannot be used there.
@@ -92,27 +112,6 @@ def forked() -> bool:
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
 # LITERALINCLUDE END: FORK POISON
-
-
-def get_device() -> int:
-    """The calling thread's current device (0 until set, like a fresh CUDA thread)."""
-    return _local.device
-
-
-def set_device(index: int) -> None:
-    """Make ``index`` the calling thread's current device."""
-    _local.device = check_device(index)
-
-
-def exchange_device(index: int) -> int:
-    """Set the current device and return the previous one (for device guards)."""
-    previous = get_device()
-    if index != previous:
-        set_device(index)
-    return previous
-# LITERALINCLUDE END: RUNTIME DEVICE
-
-
 def get_device_properties(index: int) -> DeviceProperties:
     """Static properties of a device."""
     check_device(index)
