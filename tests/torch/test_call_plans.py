@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 
-from torch_openreg.aten import fallback
+from torch_openreg.aten import arguments, fallback
 from torch_openreg.aten.fast import call_plans
 
 DEV = torch.device("openreg", 0)
@@ -213,20 +213,20 @@ def _key_cases():
 
 @pytest.mark.parametrize("name", list(_key_cases()))
 def test_python_and_the_bridge_give_one_call_shape(name):
-    """``fallback.call_key`` and ``_C._describe_call`` describe a call with the same key: the call shapes of
+    """``arguments.call_key`` and ``_C._describe_call`` describe a call with the same key: the call shapes of
     the mechanism (routes, meta cache) and the call plans are one."""
     from torch_openreg import _C
 
     args, kwargs, by_type = _key_cases()[name]
     described = _C._describe_call(args, kwargs, by_type)
     assert described is not None
-    assert described[0] == fallback.call_key(args, kwargs, by_type)
-    assert hash(described[0]) == hash(fallback.call_key(args, kwargs, by_type))
+    assert described[0] == arguments.call_key(args, kwargs, by_type)
+    assert hash(described[0]) == hash(arguments.call_key(args, kwargs, by_type))
 
 
 def test_call_shapes_tell_apart_what_shapes_outputs():
     x = torch.randn(4, 6, device=DEV)
-    key = fallback.call_key
+    key = arguments.call_key
     assert key((x, 2), {}) != key((x, 2.0), {}) != key((x, True), {})
     assert key((x, 2), {}) != key((x, 3), {}) and key((x, 2), {}, True) == key((x, 3), {}, True)
     assert key((x,), {}) != key((x.t(),), {}) != key((x[1:],), {})
@@ -250,7 +250,7 @@ def test_the_accelerations_can_be_switched_off(run_python):
 import torch
 import torch.nn.functional as F
 from torch_openreg import _C
-from torch_openreg.aten import fallback
+from torch_openreg.aten import arguments, fallback
 torch.manual_seed(0)
 x, w, t = torch.randn(2, 3, 8, 8), torch.randn(4, 3, 3, 3), torch.rand(2, 4, 6, 6)
 d = lambda v: v.to("openreg")
@@ -282,7 +282,7 @@ def test_the_cpu_allocator_is_installed_by_the_first_kernel_that_needs_it(run_py
     code = """
 import torch
 from torch_openreg import _C
-from torch_openreg.aten import fallback
+from torch_openreg.aten import arguments, fallback
 print(type(fallback._path).__name__, _C._cpu_output_allocator_installed())
 x = torch.ones(2, 3, 8, 8, device="openreg")  # fill_ has a kernel of its own
 y = x + 1  # an out= kernel: no served outputs

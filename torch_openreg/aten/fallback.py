@@ -2,10 +2,10 @@
 
 A call goes through three steps, top to bottom in this module:
 
-1. **decide** (:func:`decide`): the operator's traits (read once from its schema), the call's one
-   device, its call shape (:func:`call_key`), the outputs' metadata (the operator run on ``meta``
-   tensors), and its route: queued on the current stream, or run now because the CPU kernel decides
-   its outputs (data-dependent shapes, non-tensor results, no meta kernel);
+1. **decide** (:func:`decide`): the operator's traits (read once from its schema: ``traits.py``), the
+   call's one device and its call shape (``arguments.py``), the outputs' metadata (the operator run on
+   ``meta`` tensors), and its route: queued on the current stream, or run now because the CPU kernel
+   decides its outputs (data-dependent shapes, non-tensor results, no meta kernel);
 2. **launch** (:func:`launch_copy`): outputs allocated on the device, and a kernel launched on the
    current stream that runs the CPU kernel over host views of the device buffers and copies its
    results into the outputs. The first call of each call shape runs at the call, on this thread
@@ -27,12 +27,22 @@ from typing import Any
 
 import torch
 
-import openreg
 from torch_openreg import _C
 
 from . import cpu_rules
+from .arguments import (
+    call_key,
+    device_of,
+    host_view_or_self,
+    host_view_or_snapshot,
+    map_tensors,
+    swap,
+    tensors_of,
+    to_meta,
+    wrap_numbers,
+)
 from .launch import detach_frames, host_view, launch, run_sync
-from .traits import CPU_INDICES_OK, Kind, OpTraits, traits_of
+from .traits import Kind, OpTraits, traits_of
 
 
 # LITERALINCLUDE START: FALLBACK
@@ -112,41 +122,6 @@ def decide(op: torch._ops.OpOverload, traits: OpTraits, args: tuple, kwargs: dic
     return call
 
 
-def call_key(args: tuple, kwargs: dict, numbers_by_type: bool = False) -> tuple | None:
-    """The call shape: everything output metadata and the CPU kernel's checks depend on, one flat tuple.
-
-    An openreg tensor is ``(device index, dtype, conj | neg << 1, storage offset, storage bytes,
-    *sizes, *strides)``; a CPU tensor ``(-1, dtype, *sizes, *strides)``; a number ``(type, value)``
-    (2, 2.0 and True are equal but promote differently; by type alone for ``numbers_by_type``); a list
-    the tuple of its items' keys; a keyword argument ``(name, key)``; anything else itself. None when
-    the call cannot be keyed: an argument cannot be hashed, or a CPU boolean mask (the meta run reads
-    it: its count of True values is the output's length). ``csrc/call_args.cpp`` computes the same key.
-    """
-    try:
-        key = (*(_key(a, numbers_by_type) for a in args), *((k, _key(v, numbers_by_type)) for k, v in kwargs.items()))
-        hash(key)
-    except TypeError:
-        return None
-    return key
-
-
-def _key(value: Any, by_type: bool) -> Any:
-    if isinstance(value, torch.Tensor):
-        index = value.get_device()
-        if index >= 0:
-            return (index, value.dtype, value.is_conj() | value.is_neg() << 1, value.storage_offset(),
-                    value.untyped_storage().nbytes(), *value.shape, *value.stride())
-        if value.dim() and value.dtype in (torch.bool, torch.uint8):
-            raise TypeError("a CPU mask: its values shape the outputs")
-        return (-1, value.dtype, *value.shape, *value.stride())
-    if isinstance(value, (list, tuple)):
-        return tuple(_key(v, by_type) for v in value)
-    if isinstance(value, _NUMBERS):
-        return type(value) if by_type else (type(value), value)
-    return None if isinstance(value, torch.Generator) else value
-
-
-_NUMBERS = (bool, int, float, complex)
 _routes: dict[tuple, Route] = {}  # (op, call shape) -> its route, once decided
 _ROUTES_SIZE = 8192
 
@@ -158,11 +133,17 @@ def _remember(call: Call, route: Route) -> None:
         _routes[(call.op, call.key)] = route
 
 
+def host_args(call: Call) -> tuple[tuple, dict]:
+    """The CPU kernel's arguments for a queued kernel: host views of the openreg tensors, CPU scalars and
+    indices read now (as CUDA copies them at the call), the device generator's CPU state for generators."""
+    return swap(call.traits, call.args, call.kwargs, call.device, host_view_or_snapshot, "cpu")
+
+
 def meta_run(call: Call) -> Any:
     """The outputs' metadata: the operator run on ``meta`` tensors (this also raises shape and dtype
     errors at the call), corrected where the CPU kernel shapes its outputs by another rule; NO_META
     when the meta run fails."""
-    meta_args, meta_kwargs = _swap(call, _to_meta, "meta")
+    meta_args, meta_kwargs = swap(call.traits, call.args, call.kwargs, call.device, to_meta, "meta")
     try:
         with _C._WarningRecorder():  # dropped: the CPU kernel gives the caller the operator's warnings
             meta = call.op(*meta_args, **meta_kwargs)
@@ -176,153 +157,19 @@ UNKNOWN = object()  # what Plain.run_known gives for a call it has no shortcut f
 # LITERALINCLUDE END: DECIDE
 
 
-# LITERALINCLUDE START: DEVICE CHECK
-def device_of(traits: OpTraits, tensors: list[torch.Tensor], kwargs: dict) -> torch.device:
-    """The one openreg device of the call; mixed devices are the user's error, reported like CUDA's.
-
-    ``get_device()`` is the cheap test (openreg is this process's only accelerator): it is -1 for
-    CPU and meta tensors and the index for openreg ones.
-    """
-    index = -1
-    for t in tensors:
-        i = t.get_device()
-        if i >= 0:
-            if index < 0:
-                index = i
-            elif i != index:
-                raise RuntimeError(
-                    f"Expected all tensors to be on the same device, but found at least two devices, "
-                    f"openreg:{index} and openreg:{i}! (in {traits.name})"
-                )
-        elif not (t.is_cpu and (t.dim() == 0 or traits.name in CPU_INDICES_OK)):
-            raise RuntimeError(
-                f"Expected all tensors to be on the same device, but found at least two devices, "
-                f"{'openreg' if index < 0 else f'openreg:{index}'} and {t.device}! "
-                f"(in {traits.name}; only 0-dim CPU tensors mix with openreg)"
-            )
-    if index >= 0:
-        return _DEVICES[index]
-    requested = kwargs.get("device")
-    if requested is None:
-        raise RuntimeError(f"{traits.name}: no openreg tensor or device in the call")
-    device = torch.device(requested)
-    return torch.device("openreg", torch.openreg.current_device()) if device.index is None else device
-
-
-_DEVICES = [torch.device("openreg", i) for i in range(openreg.device_count())]
-# LITERALINCLUDE END: DEVICE CHECK
-
-
-def tensors_of(args: tuple, kwargs: dict) -> list[torch.Tensor]:
-    """Every tensor among the arguments, alone or in lists."""
-    found = []
-    for value in (*args, *kwargs.values()):
-        if isinstance(value, torch.Tensor):
-            found.append(value)
-        elif isinstance(value, (list, tuple)):
-            found.extend(v for v in value if isinstance(v, torch.Tensor))
-    return found
-
-
-def _map(value: Any, fn) -> Any:
-    """Apply ``fn`` to every tensor in an argument (tensors and lists of tensors)."""
-    if isinstance(value, torch.Tensor):
-        return fn(value)
-    if isinstance(value, (list, tuple)) and any(isinstance(v, torch.Tensor) for v in value):
-        return type(value)(fn(v) if isinstance(v, torch.Tensor) else v for v in value)
-    return value
-
-
-# LITERALINCLUDE START: WRAP NUMBERS
-_WIDE = {bool: torch.bool, int: torch.int64, float: torch.float64, complex: torch.complex128}
-
-
-def wrap_numbers(traits: OpTraits, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
-    """Turn Python numbers passed for ``Tensor`` arguments back into 0-dim CPU tensors.
-
-    ``t % 2`` reaches the fallback as ``remainder.Tensor_out(t, 2)``: PyTorch hands a boxed kernel
-    a wrapped-number tensor as a plain number, and most operators refuse a number when called
-    again. The tensor gets the dtype the number takes in the operation, so promotion is unchanged.
-    """
-    numbers = [i for i in traits.tensor_args if isinstance(traits.value(args, kwargs, i), _NUMBERS)]
-    if not numbers:
-        return args, kwargs
-    ref = next(iter(tensors_of(args, kwargs)), None)
-    args, kwargs = list(args), dict(kwargs)
-    for i in numbers:
-        value = traits.value(args, kwargs, i)
-        # Kept at full width, as a wrapped number is: kernels read a CPU scalar operand in their
-        # computation type (float for bfloat16), so rounding it to the tensor's dtype first would
-        # change results (bfloat16 x * 0.7071). Cast only where a full-width 0-dim tensor would
-        # promote differently from a number (an integer tensor times 2.5 is float32, not float64).
-        wrapped = torch.tensor(value, dtype=_WIDE[type(value)])
-        if ref is not None:
-            want = torch.result_type(ref, value)
-            if torch.result_type(ref, wrapped) != want:
-                wrapped = wrapped.to(want)
-        if i < len(args):
-            args[i] = wrapped
-        else:
-            kwargs[traits.arguments[i].name] = wrapped
-    return tuple(args), kwargs
-# LITERALINCLUDE END: WRAP NUMBERS
-
-
-# LITERALINCLUDE START: HOST ARGUMENTS
-def host_args(call: Call) -> tuple[tuple, dict]:
-    """The CPU kernel's arguments for a queued kernel: host views of the openreg tensors, CPU scalars and
-    indices read now (as CUDA copies them at the call), the device generator's CPU state for generators."""
-    return _swap(call, _host_view_or_snapshot, "cpu")
-
-
-def _swap(call: Call, tensor_fn, target: str) -> tuple[tuple, dict]:
-    """Arguments for a run on ``target`` ('meta' or 'cpu'): tensors mapped, device and generators replaced."""
-    args = [_map(a, tensor_fn) for a in call.args]
-    kwargs = {k: _map(v, tensor_fn) for k, v in call.kwargs.items()}
-    if kwargs.get("device") is not None:
-        kwargs["device"] = torch.device(target)
-    for name in call.traits.generators:  # random ops draw from the device's generator, never the CPU's default one
-        index = call.traits.positions[name]
-        gen = None
-        if target == "cpu":
-            given = call.traits.value(args, kwargs, index)
-            gen = _C._cpu_generator(given if given is not None else _C._default_generator(call.device.index))
-        if index < len(args):
-            args[index] = gen
-        else:
-            kwargs[name] = gen
-    return tuple(args), kwargs
-
-
-def _host_view_or_self(t: torch.Tensor) -> torch.Tensor:
-    return host_view(t) if t.get_device() >= 0 else t
-
-
-def _host_view_or_snapshot(t: torch.Tensor) -> torch.Tensor:
-    return host_view(t) if t.get_device() >= 0 else t.clone()
-
-
-def _to_meta(t: torch.Tensor) -> torch.Tensor:
-    if t.get_device() < 0:
-        # A 0-dim CPU tensor is a scalar operand: on meta it promotes the same way, and meta kernels
-        # refuse to mix it with meta outputs (mul.out(cpu_scalar, x, out=y) would fail and run now).
-        return torch.empty((), dtype=t.dtype, device="meta") if t.dim() == 0 else t
-    numel = t.untyped_storage().nbytes() // t.element_size()
-    return torch.empty(numel, dtype=t.dtype, device="meta").as_strided(t.size(), t.stride(), t.storage_offset())
-# LITERALINCLUDE END: HOST ARGUMENTS
-
-
 # LITERALINCLUDE START: OUTPUTS
 def outputs(call: Call) -> list:
     """Allocate fresh outputs, build views, and resize in-place and out= arguments to what the meta run says."""
     metas = [call.meta] if len(call.traits.returns) == 1 else list(call.meta or ())
+    device = call.device
     outs = []
     for ret, m in zip(call.traits.returns, metas):
         if ret.kind is Kind.FRESH:
-            outs.append(_map(m, lambda t: torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device=call.device)))
+            outs.append(map_tensors(m, lambda t: torch.empty_strided(t.shape, t.stride(), dtype=t.dtype,
+                                                                     device=device)))
         elif ret.kind is Kind.VIEW:
             base = call.traits.value(call.args, call.kwargs, ret.arg)
-            outs.append(_map(m, lambda t, base=base: _view_of(base, t, call.device)))
+            outs.append(map_tensors(m, lambda t, base=base: _view_of(base, t, device)))
         else:
             real = call.traits.value(call.args, call.kwargs, ret.arg)
             for r, mm in ((real, m),) if isinstance(real, torch.Tensor) else zip(real, m):
@@ -376,7 +223,7 @@ class CopyKernel:
         for name in outs:
             if not any(t.untyped_storage().data_ptr() in read for t in tensors_of((call.kwargs[name],), {})):
                 targets.append((name, kwargs[name]))
-                kwargs[name] = _map(kwargs[name], lambda t: torch.empty(0, dtype=t.dtype))
+                kwargs[name] = map_tensors(kwargs[name], lambda t: torch.empty(0, dtype=t.dtype))
         self.op, self.args, self.kwargs, self.targets = call.op, args, kwargs, targets
         self.nreturns = len(call.traits.returns)
 
@@ -396,7 +243,7 @@ def launch_copy(call: Call, check: bool, kernel_type: type[CopyKernel] = CopyKer
     cpu_args, cpu_kwargs = host_args(call)
     fresh = [(i, o) for i, (r, o) in enumerate(zip(call.traits.returns, outs)) if r.kind is Kind.FRESH]
     written = [t for _, o in fresh for t in (o if isinstance(o, (list, tuple)) else [o]) if t is not None]
-    kernel = kernel_type(call, cpu_args, cpu_kwargs, [(i, _map(o, host_view)) for i, o in fresh])
+    kernel = kernel_type(call, cpu_args, cpu_kwargs, [(i, map_tensors(o, host_view)) for i, o in fresh])
     cpu_args = cpu_kwargs = None  # this frame may be in a traceback: the kernel holds the host views
     launch(call.device.index, kernel, tensors=[*call.tensors, *written], name=call.traits.name, sync=check)
     return pack(outs)
@@ -458,11 +305,11 @@ class _Warnings:
 # LITERALINCLUDE START: RUN NOW
 def run_now(call: Call) -> Any:
     """Wait for the stream, run the CPU kernel now (in a launch: the pages are open), bring new outputs over."""
-    cpu_args, cpu_kwargs = _swap(call, _host_view_or_self, "cpu")
+    cpu_args, cpu_kwargs = swap(call.traits, call.args, call.kwargs, call.device, host_view_or_self, "cpu")
     outs = {}  # out=: the CPU kernel sizes a host tensor, copied into the argument after
     for name in call.traits.out_args:
         if cpu_kwargs.get(name) is not None:
-            outs[name] = cpu_kwargs[name] = _map(call.kwargs[name], lambda t: torch.empty(0, dtype=t.dtype))
+            outs[name] = cpu_kwargs[name] = map_tensors(call.kwargs[name], lambda t: torch.empty(0, dtype=t.dtype))
     try:
         result = run_sync(call.device.index, lambda: call.op(*cpu_args, **cpu_kwargs), tensors=call.tensors,
                           name=call.traits.name)
@@ -478,10 +325,10 @@ def run_now(call: Call) -> Any:
     final = []
     for ret, r in zip(call.traits.returns, results):
         if ret.kind is Kind.FRESH:
-            final.append(_map(r, lambda t: t.to(call.device)))
+            final.append(map_tensors(r, lambda t: t.to(call.device)))
         elif ret.kind is Kind.VIEW:
             base = call.traits.value(call.args, call.kwargs, ret.arg)
-            final.append(_map(r, lambda t, base=base: _host_alias_to_device(t, base, call.device)))
+            final.append(map_tensors(r, lambda t, base=base: _host_alias_to_device(t, base, call.device)))
         else:
             final.append(call.traits.value(call.args, call.kwargs, ret.arg))
     return pack(final)

@@ -28,7 +28,7 @@ py::tuple extent(const at::Tensor& t) {
 // LITERALINCLUDE START: DESCRIBE TENSOR
 py::handle dtype(const at::Tensor& t) { return reinterpret_cast<PyObject*>(torch::getTHPDtype(t.scalar_type())); }
 
-// An openreg tensor's call shape (fallback.call_key): (device index, dtype, conj | neg << 1, storage
+// An openreg tensor's call shape (arguments.call_key): (device index, dtype, conj | neg << 1, storage
 // offset, storage bytes, *sizes, *strides), one flat tuple.
 py::tuple tensor_key(const at::Tensor& t) {
   auto sizes = t.sizes();

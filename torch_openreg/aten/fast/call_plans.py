@@ -17,7 +17,8 @@ import torch
 
 from torch_openreg import _C
 
-from ..fallback import UNKNOWN, Call, host_args, launch_copy, match, pack, pairs, tensors_of
+from ..arguments import tensors_of
+from ..fallback import UNKNOWN, Call, host_args, launch_copy, match, pack, pairs
 from ..launch import detach_frames, launch_extents
 from ..traits import Kind, OpTraits, traits_of
 from .out_overloads import FunctionalOutKernel, OutKernel, out_overload, reduces

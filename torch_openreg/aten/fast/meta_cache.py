@@ -2,7 +2,7 @@
 
 A meta run costs 20 to 200 us (many meta kernels are Python registrations), and a training loop makes
 the same calls with the same shapes every step. The metadata depends only on the call shape
-(``fallback.call_key``), so it is kept under that key. The cached meta tensors are only ever read.
+(``arguments.call_key``), so it is kept under that key. The cached meta tensors are only ever read.
 """
 
 from __future__ import annotations
