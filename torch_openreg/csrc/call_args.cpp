@@ -68,6 +68,11 @@ py::object number_key(const py::handle& value, const Description& d) {
 // (a CPU tensor that is not a 0-dim scalar, a tensor of another device, a nested list).
 bool describe(const py::handle& value, Description& d, py::object& key, py::object& host, bool in_list = false) {
   PyObject* obj = value.ptr();
+  if (is_number(obj)) { // first: cheaper than THPVariable_Check, and most list items are numbers
+    key = number_key(value, d);
+    host = py::reinterpret_borrow<py::object>(value);
+    return true;
+  }
   if (THPVariable_Check(obj)) {
     const at::Tensor& t = THPVariable_Unpack(obj);
     if (t.device().is_privateuseone()) {
@@ -83,22 +88,19 @@ bool describe(const py::handle& value, Description& d, py::object& key, py::obje
     }
     return false;
   }
-  if (is_number(obj)) {
-    key = number_key(value, d);
-    host = py::reinterpret_borrow<py::object>(value);
-    return true;
-  }
   if (PyList_Check(obj) || PyTuple_Check(obj)) {
     if (in_list) return false; // a nested list: the general path
-    auto items = py::reinterpret_borrow<py::sequence>(value);
-    auto n = static_cast<size_t>(items.size());
+    bool is_list = PyList_Check(obj);
+    auto n = static_cast<size_t>(is_list ? PyList_GET_SIZE(obj) : PyTuple_GET_SIZE(obj));
     py::tuple keys(n);
     py::list hosts(n);
     bool tensors = false;
     for (size_t i = 0; i < n; ++i) {
+      auto index = static_cast<Py_ssize_t>(i);
+      py::handle item(is_list ? PyList_GET_ITEM(obj, index) : PyTuple_GET_ITEM(obj, index)); // borrowed
       py::object k, h;
-      if (!describe(items[i], d, k, h, /*in_list=*/true)) return false;
-      tensors = tensors || THPVariable_Check(items[i].ptr());
+      if (!describe(item, d, k, h, /*in_list=*/true)) return false;
+      tensors = tensors || !(item.is_none() || is_number(item.ptr())); // in a list, the rest are tensors
       keys[i] = k;
       hosts[i] = h;
     }
@@ -108,8 +110,10 @@ bool describe(const py::handle& value, Description& d, py::object& key, py::obje
     return true;
   }
   if (in_list && obj != Py_None) return false; // in a list, only tensors, numbers and None: else the general path
-  // None, strings, dtypes, ...: hashable as they are; a generator never shapes outputs: keyed None
-  key = THPGenerator_Check(obj) ? py::none() : py::reinterpret_borrow<py::object>(value);
+  // None, strings, dtypes, ...: hashable as they are; a generator never shapes outputs: keyed None. (A C-level
+  // type check: THPGenerator_Check is PyObject_IsInstance, which runs torch.Generator's Python __instancecheck__.)
+  bool generator = PyObject_TypeCheck(obj, reinterpret_cast<PyTypeObject*>(THPGeneratorClass));
+  key = generator ? py::none() : py::reinterpret_borrow<py::object>(value);
   host = py::reinterpret_borrow<py::object>(value);
   return true;
 }

@@ -113,10 +113,11 @@ class Served(Plan):
 class _OpPlans:
     """An operator's kind of plan and its plans by call shape."""
 
-    __slots__ = ("traits", "kind", "out", "plans")
+    __slots__ = ("traits", "numbers_by_type", "kind", "out", "plans")
 
     def __init__(self, traits: OpTraits, kind: type[Plan], out: tuple | None) -> None:
         self.traits, self.kind, self.out, self.plans = traits, kind, out, {}
+        self.numbers_by_type = traits.numbers_by_type
 
 
 def _plans_of(op: torch._ops.OpOverload) -> _OpPlans | None:
@@ -148,10 +149,12 @@ _plan_count = 0
 # LITERALINCLUDE START: RUN KNOWN
 def run_known(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
     """A call whose call shape has a plan runs it; UNKNOWN otherwise. One bridge call describes the call."""
-    entry = _plans_of(op)
+    entry = _ops.get(op, _MISSING)
+    if entry is _MISSING:
+        entry = _plans_of(op)
     if entry is None:
         return UNKNOWN
-    described = _C._describe_call(args, kwargs, entry.traits.numbers_by_type)
+    described = _C._describe_call(args, kwargs, entry.numbers_by_type)
     if described is None:  # an argument only the general path takes (a CPU tensor that is not a 0-dim scalar)
         return UNKNOWN
     try:
