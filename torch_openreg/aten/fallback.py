@@ -140,9 +140,9 @@ def host_args(call: Call) -> tuple[tuple, dict]:
 
 
 def meta_run(call: Call) -> Any:
-    """The outputs' metadata: the operator run on ``meta`` tensors (this also raises shape and dtype
-    errors at the call), corrected where the CPU kernel shapes its outputs by another rule; NO_META
-    when the meta run fails."""
+    """The outputs' metadata: the operator run on ``meta`` tensors, corrected where the CPU kernel shapes
+    its outputs by another rule. NO_META when the meta run fails (no meta kernel, a data-dependent shape,
+    mismatched shapes): the call then runs now, and the CPU kernel raises its own error at the call."""
     meta_args, meta_kwargs = swap(call.traits, call.args, call.kwargs, call.device, to_meta, "meta")
     try:
         with _C._WarningRecorder():  # dropped: the CPU kernel gives the caller the operator's warnings
