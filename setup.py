@@ -3,7 +3,7 @@
 from pathlib import Path
 
 from setuptools import setup
-from torch.utils.cpp_extension import BuildExtension, CppExtension
+from torch.utils.cpp_extension import BuildExtension, CppExtension, include_paths
 
 # LITERALINCLUDE START: BUILD EXTENSION
 csrc = Path("torch_openreg/csrc")
@@ -12,6 +12,8 @@ setup(
         CppExtension(
             "torch_openreg._C",
             sorted(str(p) for p in (*csrc.glob("*.cpp"), *csrc.glob("distributed/*.cpp"))),
+            # Kineto's headers (the profiler bridge) are shipped in include/kineto of the wheel
+            include_dirs=[str(Path(include_paths()[0]) / "kineto")],
             extra_compile_args=["-O2", "-std=c++17"],
         )
     ],

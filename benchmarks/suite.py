@@ -197,6 +197,14 @@ def run(quick: bool, write: bool) -> str:
     from . import compile as compile_bench
 
     out.append(compile_bench.run(quick))
+    from . import profiler as profiler_bench
+
+    out.append("")
+    out.append(profiler_bench.run(quick))
+    from . import graphs as graphs_bench
+
+    out.append("")
+    out.append(graphs_bench.run(quick))
     text = "\n".join(out) + "\n"
     if write:
         _plot(ratio_rows, ROOT / "docs" / "performance.png")

@@ -4,7 +4,7 @@ The API mirrors the CUDA runtime (see docs/runtime.md for the table). It never
 imports torch: PyTorch is one client of this runtime, through ``torch_openreg``.
 """
 
-from . import fault
+from . import activity, fault  # noqa: F401  (openreg.activity: what ran when, for utilization)
 from .copy import MemcpyKind, memcpy, memcpy_async
 from .device import (
     DeviceProperties,
@@ -17,6 +17,7 @@ from .device import (
 )
 from .errors import ErrorCode, OpenRegError
 from .event import Event
+from .graph import CaptureMode, Graph, begin_capture, end_capture, is_capturing
 from .memory import (
     IpcHandle,
     PointerAttributes,
@@ -40,6 +41,7 @@ from .stream import (
     default_stream,
     get_stream,
     remove_launch_observer,
+    set_launch_hook,
     set_stream,
     synchronize,
 )
@@ -57,11 +59,12 @@ def launch(fn, *args, buffers=(), stream: Stream | None = None, name: str = "ker
 
 
 __all__ = [
-    "DeviceProperties", "ErrorCode", "Event", "LAUNCH_BLOCKING", "MemcpyKind", "OpenRegError", "IpcHandle",
+    "CaptureMode", "DeviceProperties", "ErrorCode", "Event", "Graph", "begin_capture", "end_capture", "is_capturing",
+    "LAUNCH_BLOCKING", "MemcpyKind", "OpenRegError", "IpcHandle",
     "ipc_export", "ipc_open",
     "PRIORITY_HIGH", "PRIORITY_LOW", "PointerAttributes", "Stream", "add_launch_observer",
     "current_stream", "default_stream", "device_capacity", "device_count", "exchange_device", "free",
     "get_device", "get_device_properties", "get_stream", "host_free", "host_malloc", "launch", "malloc",
     "mem_get_info", "memcpy", "memcpy_async", "memory_used", "pointer_attributes",
-    "remove_launch_observer", "set_device", "set_stream", "synchronize",
+    "remove_launch_observer", "set_device", "set_launch_hook", "set_stream", "synchronize",
 ]

@@ -129,3 +129,16 @@ def device_capacity(index: int) -> int:
     """Bytes of memory the device has."""
     check_device(index)
     return _CAPACITY
+
+
+def clock_rate(index: int) -> int:
+    """The device's clock in MHz: the host CPU's current average, since its cores run the device's kernels."""
+    check_device(index)
+    try:
+        with open("/proc/cpuinfo") as f:
+            rates = [float(line.split(":")[1]) for line in f if line.startswith("cpu MHz")]
+    except OSError:
+        rates = []
+    if not rates:
+        raise OpenRegError(ErrorCode.NOT_SUPPORTED, f"openreg:{index}: the host does not report its clock rate")
+    return round(sum(rates) / len(rates))

@@ -18,6 +18,8 @@ class Event:
         self._queue: _Queue | None = None
         self._seq = 0
         self._time_ns: int | None = None
+        self.capture = None  # the graph capture (openreg.graph) the last record was made into, if any
+        self.point = None  # where in that capture
 
     def __repr__(self) -> str:
         recorded = self._queue is not None
@@ -34,6 +36,11 @@ class Event:
             )
         self.device = stream.device
         self._time_ns = None
+        capture = stream._q.capture
+        if capture is not None and capture.record_event(self, stream._q):
+            self._queue = None
+            return  # a point of the capture, for the streams that fork from or join it
+        self.capture = None
         if self.enable_timing:
             self._seq = stream.launch(self._stamp, name="event_record")
         else:
@@ -52,6 +59,8 @@ class Event:
 
     def query(self) -> bool:
         """True if the work captured by the last record has finished (or nothing was recorded)."""
+        if self.capture is not None:
+            return self.capture.event_done(self, "a query")
         if self.pending() is not None:
             return False
         if self._queue is not None:
@@ -60,7 +69,9 @@ class Event:
 
     def synchronize(self) -> None:
         """Block until the captured work has finished."""
-        if self._queue is not None:
+        if self.capture is not None:
+            self.capture.event_done(self, "a synchronize")
+        elif self._queue is not None:
             self._queue.wait_for(self._seq)
 
     def elapsed_time(self, end: Event) -> float:
@@ -71,6 +82,9 @@ class Event:
                     ErrorCode.INVALID_HANDLE,
                     f"elapsed_time: the {which} event was created without enable_timing=True",
                 )
+            if event.capture is not None:
+                raise OpenRegError(ErrorCode.CAPTURED_EVENT,
+                                   f"elapsed_time: the {which} event was recorded into a graph capture: it has no time")
             if event._queue is None:
                 raise OpenRegError(ErrorCode.INVALID_HANDLE, f"elapsed_time: the {which} event was never recorded")
         if self.device != end.device:

@@ -14,6 +14,7 @@ import ctypes
 import os
 import signal
 import threading
+from collections.abc import Callable
 
 from . import memory
 from ._libc import libc
@@ -35,6 +36,7 @@ class _SigAction(ctypes.Structure):
 _HANDLER_T = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)
 libc.sigaction.argtypes = [ctypes.c_int, ctypes.POINTER(_SigAction), ctypes.POINTER(_SigAction)]
 _previous = _SigAction()
+_annotators: list[Callable[[int], str | None]] = []
 _installed = False
 _install_lock = threading.Lock()
 
@@ -46,12 +48,26 @@ def describe(addr: int) -> str | None:
     if alloc is None or alloc.kind != memory.DEVICE:
         return None
     where = "inside" if addr - alloc.ptr < alloc.size else "past the end of"
-    return (
+    report = (
         f"openreg: host code accessed device memory at 0x{addr:x}, offset {addr - alloc.ptr} "
         f"{where} allocation 0x{alloc.ptr:x} of {alloc.size} bytes on openreg:{alloc.device}. "
         "Device memory is only accessible inside kernels and copies: copy the tensor to the "
         "host first (e.g. tensor.cpu()).\n"
     )
+    for annotate in _annotators:  # what a client knows of that memory (which tensor block, allocated where)
+        try:
+            report += annotate(addr) or ""
+        except Exception as exc:  # noqa: BLE001 - the report must get out whatever a client's annotator does
+            report += f"openreg: fault annotator {annotate!r} failed: {exc!r}\n"
+    return report
+
+
+def add_annotator(fn: Callable[[int], str | None]) -> None:
+    """Add ``fn(addr)``'s text to the report of a host access at ``addr`` (e.g. a caching allocator naming the
+    block it carved there and the stack that allocated it). It runs inside the SIGSEGV handler: it must only
+    read what it already has."""
+    if fn not in _annotators:
+        _annotators.append(fn)
 
 
 def _on_segv(signum: int, info: int, context: int) -> None:

@@ -44,5 +44,6 @@ DEVICE_MEMORY = parse_size(os.environ.get("OPENREG_DEVICE_MEMORY", "4GiB"))  # c
 LAUNCH_BLOCKING = _flag("OPENREG_LAUNCH_BLOCKING", False)  # every launch waits for its work (debugging)
 # The PyTorch integration (torch_openreg/)
 FALLBACK_FAST = _flag("OPENREG_FALLBACK_FAST", True)  # the global fallback's accelerations (aten/fast/)
+LAUNCH_SITES = _flag("OPENREG_LAUNCH_SITES", False)  # profiler: each launch names the Python line that made it
 OCCL_BLOCKING_WAIT = _flag("OCCL_BLOCKING_WAIT", False)  # collectives' Work.wait() blocks the host
 # LITERALINCLUDE END: SETTINGS

@@ -25,7 +25,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from . import memory, settings
+from . import activity, memory, settings
 from .device import check_device, device_count, forked, get_device, start
 from .errors import ErrorCode, OpenRegError, launch_failure
 
@@ -79,10 +79,11 @@ PRIORITY_HIGH = -1
 
 
 class _Item:
-    __slots__ = ("fn", "args", "spans", "name", "seq", "granted", "owner", "outcome")
+    __slots__ = ("fn", "args", "spans", "name", "seq", "granted", "owner", "outcome", "tag")
 
-    def __init__(self, fn: Callable[..., Any], args: tuple, spans: list, name: str, seq: int) -> None:
+    def __init__(self, fn: Callable[..., Any], args: tuple, spans: list, name: str, seq: int, tag: Any = None) -> None:
         self.fn, self.args, self.spans, self.name, self.seq = fn, args, spans, name, seq
+        self.tag = tag  # what the launch hook returned for it (see set_launch_hook)
         self.granted = False  # its pages were opened ahead of it, with the rest of a batch
         self.owner = 0  # for Stream.run_here: the thread that runs it (and gets its result); 0: anyone
         self.outcome: tuple | None = None  # for Stream.run_here: (True, result) or (False, exception)
@@ -109,6 +110,7 @@ class _Queue:
         self.last_launch = 0.0  # time.monotonic() of the last launch
         self.last_done = 0.0  # time.monotonic() when the last item finished
         self.ahead = 0  # items up to this sequence number had their pages opened ahead (_grant_ahead)
+        self.capture = None  # while a graph capture (openreg.graph) records this stream's launches, or guards it
 
     # LITERALINCLUDE START: STREAM RUN
     def run(self, item: _Item) -> None:
@@ -131,10 +133,13 @@ class _Queue:
             if item.owner:
                 item.outcome = (False, exc)  # raised as is by run_here, on the thread that called it
             elif self.error is None:
+                site = getattr(item.tag, "launch_site", None)
                 self.error = launch_failure(
-                    f"{item.name} on openreg:{self.device} stream {self.id} failed: {type(exc).__name__}: {exc}", exc
+                    f"{item.name} on openreg:{self.device} stream {self.id} failed: {type(exc).__name__}: {exc}"
+                    + (f" (launched at {site})" if site else ""), exc
                 )
         finally:
+            activity.record(self.device, started, time.perf_counter_ns(), item.name)
             if _observers:
                 self._observe(item, started)
         if len(self.open) > _CLOSE_EVERY:
@@ -148,9 +153,12 @@ class _Queue:
 
     def _observe(self, item: _Item, started: int) -> None:
         ended = time.perf_counter_ns()
-        for observer in _observers:
+        for observer, tagged in _observers:
             try:
-                observer(item.name, self.device, self.id, started, ended)
+                if tagged:
+                    observer(item.name, self.device, self.id, started, ended, item.tag)
+                else:
+                    observer(item.name, self.device, self.id, started, ended)
             except Exception:  # noqa: BLE001 - a broken observer must not wedge the stream
                 print(f"openreg: launch observer {observer!r} failed after {item.name}:", file=sys.stderr)
                 traceback.print_exc()
@@ -191,6 +199,8 @@ class _Queue:
         """
         if forked():
             start()  # raises: the workers did not survive the fork
+        if settle and self.capture is not None:
+            self.capture.refuse(self, "a host wait")  # a capture cannot wait (openreg.graph)
         scope = None  # the kernel context, entered once this host runs an item itself
         try:
             while True:
@@ -330,12 +340,17 @@ class Stream:
         when ``fn`` runs; they are closed again by the time the host has synchronized.
         """
         start()
-        spans = memory.acquire(buffers) if buffers else []
         q = self._q
+        if q.capture is not None:  # a graph capture records the launch instead (openreg.graph)
+            seq = q.capture.record(q, fn, args, buffers, name)
+            if seq is not None:
+                return seq
+        tag = _launch_hook(name, self.device, self.id) if _launch_hook is not None else None
+        spans = memory.acquire(buffers) if buffers else []
         with q.lock:  # the conditions' lock, taken directly: cheaper than entering a Condition
             q.launched += 1
             seq = q.launched
-            q.items.append(_Item(fn, args, spans, name, seq))
+            q.items.append(_Item(fn, args, spans, name, seq, tag))
             q.last_launch = time.monotonic()
             if q.worker is None:
                 q.worker = threading.Thread(target=q.serve, name=f"openreg:{q.device} stream {q.id}", daemon=True)
@@ -355,9 +370,12 @@ class Stream:
         its warnings are the caller's: what a host-side check in a CUDA operator gives at the call.
         """
         start()
-        spans = memory.acquire(buffers) if buffers else []
         q = self._q
-        item = _Item(fn, args, spans, name, 0)
+        if q.capture is not None:  # a kernel the host runs now cannot be captured (openreg.graph)
+            q.capture.refuse(q, f"{name}, a synchronous call,")
+        tag = _launch_hook(name, self.device, self.id) if _launch_hook is not None else None
+        spans = memory.acquire(buffers) if buffers else []
+        item = _Item(fn, args, spans, name, 0, tag)
         item.owner = threading.get_ident()
         with q.lock:
             q.launched += 1
@@ -393,6 +411,8 @@ class Stream:
 
     def query(self) -> bool:
         """True if all launched work has finished (device memory is then closed to the host)."""
+        if self._q.capture is not None:
+            self._q.capture.refuse(self._q, "a stream query")
         return self._q.settle()
 
     @property
@@ -402,6 +422,9 @@ class Stream:
 
     def wait_event(self, event: Event) -> None:  # noqa: F821 - defined in event.py
         """Make later work on this stream wait for ``event`` (``cudaStreamWaitEvent``)."""
+        capture = self._q.capture or event.capture
+        if capture is not None and capture.wait_event(self._q, event):
+            return  # a fork or join of a graph capture (openreg.graph)
         target = event.pending()
         if target is None:
             return  # never recorded or already complete: nothing to wait for
@@ -423,7 +446,8 @@ _queues: weakref.WeakValueDictionary[tuple[int, int], _Queue] = weakref.WeakValu
 # them, and walking the weak dictionary itself cost more than the rest of an idle synchronize.
 _device_queues: dict[int, list[weakref.ref]] = {}
 _registry_lock = threading.Lock()
-_observers: list[Callable[[str, int, int, int, int], None]] = []
+_observers: list[tuple[Callable[..., None], bool]] = []  # (observer, whether it gets the launch's tag)
+_launch_hook: Callable[[str, int, int], Any] | None = None
 _default: dict[int, Stream] = {}
 
 
@@ -512,11 +536,29 @@ def drain(device: int | None = None) -> list[_Queue]:
     return queues
 
 
-def add_launch_observer(fn: Callable[[str, int, int, int, int], None]) -> None:
-    """Call ``fn(name, device, stream_id, start_ns, end_ns)`` after every launch (profilers)."""
-    _observers.append(fn)
+# LITERALINCLUDE START: LAUNCH HOOK
+def add_launch_observer(fn: Callable[..., None], tagged: bool = False) -> None:
+    """Call ``fn(name, device, stream_id, start_ns, end_ns)`` after every launch (profilers), on the
+    thread that ran it; with ``tagged``, also the launch's tag (``fn(..., end_ns, tag)``)."""
+    _observers.append((fn, tagged))
 
 
-def remove_launch_observer(fn: Callable[[str, int, int, int, int], None]) -> None:
+def remove_launch_observer(fn: Callable[..., None]) -> None:
     """Stop calling an observer added with :func:`add_launch_observer`."""
-    _observers.remove(fn)
+    for i, (observer, _) in enumerate(_observers):
+        if observer == fn:
+            del _observers[i]
+            return
+    raise ValueError(f"{fn!r} is not a launch observer")
+
+
+def set_launch_hook(fn: Callable[[str, int, int], Any] | None) -> Callable[[str, int, int], Any] | None:
+    """Call ``fn(name, device, stream_id)`` at every launch, on the launching thread, before the work is
+    queued; what it returns is the launch's *tag*, handed to tagged observers when the work has run
+    (CUPTI's callback API and its correlation ids). A tag with a ``launch_site`` attribute names where
+    the launch came from: a kernel failure's message ends with it. Returns the previous hook; ``None``
+    removes it. One hook per process: a client that wants several composes them."""
+    global _launch_hook
+    previous, _launch_hook = _launch_hook, fn
+    return previous
+# LITERALINCLUDE END: LAUNCH HOOK

@@ -20,6 +20,9 @@ def _autoload() -> None:
 import torch  # noqa: E402
 
 from . import _C  # noqa: E402,F401  (registers guard, hooks, allocators, minimal ops)
+from . import errors as _errors  # noqa: E402
+
+_errors.install()  # driver errors are torch.AcceleratorError too, as CUDA's are
 
 torch.utils.rename_privateuse1_backend("openreg")
 
@@ -47,3 +50,5 @@ from . import distributed as _distributed  # noqa: E402
 
 _distributed.register()  # the c10d backend "occl"; built when a process group uses it
 # LITERALINCLUDE END: AUTOLOAD
+
+from . import profiler as _profiler  # noqa: E402,F401  (OPENREG_LAUNCH_SITES=1 installs the launch hook)

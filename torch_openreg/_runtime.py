@@ -12,9 +12,11 @@ import itertools
 
 import openreg
 
+from .device import sync_debug
 from .device.state import SUPPORTED_DTYPES
 from .memory import allocator, host_allocator, owner
 from .memory.caching_allocator import _owners
+from .memory.pluggable import PluggableAllocator
 
 # LITERALINCLUDE START: BRIDGE DEVICES
 device_count = openreg.device_count
@@ -73,7 +75,10 @@ def malloc(nbytes: int, device: int) -> int:
 
 def free(ptr: int) -> None:
     found = _owners.get(ptr)  # owner(ptr), without a call: every tensor's free comes here
-    (found if found is not None else owner(ptr)).free(ptr)
+    found = found if found is not None else owner(ptr)
+    found.free(ptr)
+    if not caching:  # torch.openreg.caching_allocator_enable(False): nothing stays cached
+        found.empty_cache()
 
 
 def record_stream(ptr: int, device: int, stream_id: int) -> None:
@@ -82,19 +87,26 @@ def record_stream(ptr: int, device: int, stream_id: int) -> None:
 
 def empty_cache() -> None:
     for index in range(openreg.device_count()):
-        allocator(index).empty_cache()
+        _device_allocators[index].empty_cache()
+
+
+def _stats(device: int):
+    if plugged is not None:
+        raise RuntimeError("OpenRegPluggableAllocator does not keep memory statistics (as CUDA's pluggable "
+                           "allocators do not)")
+    return allocator(_dev(device)).stats
 
 
 def device_stats(device: int) -> dict:
-    return allocator(_dev(device)).stats.as_dict()
+    return _stats(device).as_dict()
 
 
 def reset_accumulated_stats(device: int) -> None:
-    allocator(_dev(device)).stats.reset_accumulated()
+    _stats(device).reset_accumulated()
 
 
 def reset_peak_stats(device: int) -> None:
-    allocator(_dev(device)).stats.reset_peak()
+    _stats(device).reset_peak()
 
 
 def mem_get_info(device: int) -> tuple[int, int]:
@@ -119,6 +131,25 @@ def host_record_event(ptr: int, device: int, stream_id: int) -> bool:
 # Every tensor's allocation comes through malloc: it finds the allocator with one look-up (allocator()
 # checks the device, for the error).
 _device_allocators = {index: allocator(index) for index in range(openreg.device_count())}
+
+
+# LITERALINCLUDE START: BRIDGE ALLOCATOR CHOICE
+plugged = None  # the PluggableAllocator in use instead of the caching allocator (change_current_allocator)
+caching = True  # False: freed blocks go straight back to the device (caching_allocator_enable(False))
+
+
+def use_allocator(allocator_: PluggableAllocator) -> None:
+    """Route every device allocation to ``allocator_``; refused once the caching allocator has handed out
+    memory (its blocks could not be freed through the new one), as CUDA refuses."""
+    global plugged
+    if plugged is allocator_:
+        return
+    if plugged is not None or any(allocator(i).segments for i in range(openreg.device_count())):
+        raise RuntimeError("Can't swap an already initialized allocator")
+    for index in range(openreg.device_count()):
+        _device_allocators[index] = allocator_.for_device(index)
+    plugged = allocator_
+# LITERALINCLUDE END: BRIDGE ALLOCATOR CHOICE
 
 
 # LITERALINCLUDE START: BRIDGE STREAMS
@@ -148,10 +179,14 @@ def query_stream(device: int, stream_id: int) -> bool:
 
 
 def synchronize_stream(device: int, stream_id: int) -> None:
+    if sync_debug.mode:
+        sync_debug.check("stream synchronize")
     openreg.get_stream(_dev(device), stream_id).synchronize()
 
 
 def synchronize_device(device: int) -> None:
+    if sync_debug.mode:
+        sync_debug.check("synchronize")
     openreg.synchronize(_dev(device))
 # LITERALINCLUDE END: BRIDGE STREAMS
 
@@ -174,6 +209,8 @@ def event_query(event: openreg.Event) -> bool:
 
 
 def event_synchronize(event: openreg.Event) -> None:
+    if sync_debug.mode:
+        sync_debug.check("event synchronize")
     event.synchronize()
 
 
@@ -191,6 +228,20 @@ def generator_sync(device: int) -> None:
 def copy_device_to_device(dst: int, src: int, nbytes: int, device: int) -> None:
     """Stream-ordered device copy on the current stream (used when a storage grows)."""
     openreg.memcpy_async(dst, src, nbytes, openreg.MemcpyKind.DEVICE_TO_DEVICE, openreg.current_stream(device))
+
+
+# LITERALINCLUDE START: BRIDGE GRAPHS
+def graph_new(keep_graph: bool) -> object:
+    """The openreg graph behind a new ``torch.accelerator.Graph`` (csrc/graph.cpp holds it)."""
+    from .device.graphs import _GraphImpl
+
+    return _GraphImpl(keep_graph)
+
+
+def graph_call(method: str, impl: object, *args: object) -> object:
+    """One ``at::GraphImplInterface`` method of that graph: capture_begin, capture_end, replay, reset, ..."""
+    return getattr(impl, method)(*args)
+# LITERALINCLUDE END: BRIDGE GRAPHS
 
 
 # LITERALINCLUDE START: BRIDGE LAUNCH

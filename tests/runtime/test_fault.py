@@ -151,3 +151,20 @@ def test_install_is_idempotent():
     fault.install()
     fault.install()
     assert fault._installed
+
+
+def test_annotators_add_to_the_report_and_a_broken_one_does_not_stop_it(run_python):
+    prelude = """
+def good(addr):
+    return f"client: it is tensor block 0x{addr:x}\\n"
+def broken(addr):
+    raise KeyError("no such block")
+openreg.fault.add_annotator(broken)
+openreg.fault.add_annotator(good)
+openreg.fault.add_annotator(good)  # once only
+"""
+    proc, ptr = _crash(run_python, "ctypes.string_at(p, 1)", prelude=prelude)
+    assert proc.returncode == SIGSEGV
+    assert _REPORT.search(proc.stderr)
+    assert "fault annotator <function broken" in proc.stderr and "KeyError('no such block')" in proc.stderr
+    assert proc.stderr.count(f"client: it is tensor block 0x{ptr:x}") == 1

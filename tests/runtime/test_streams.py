@@ -613,3 +613,50 @@ def test_run_here_while_the_worker_lingers_with_open_pages(monkeypatch, gate):
     assert done.wait(10), "run_here starved behind the stream's worker"
     stream.synchronize()
     openreg.free(ptr)
+
+
+def test_launch_hook_tags_reach_tagged_observers(asynchronous):
+    """The hook runs on the launching thread before the work is queued; its tag comes back with the timing."""
+    launched, ran, plain = [], [], []
+
+    def hook(name, device, stream_id):
+        launched.append((name, threading.get_ident(), time.perf_counter_ns()))
+        return f"tag-{name}"
+
+    stream = openreg.Stream()
+    tagged = lambda *args: ran.append(args)  # noqa: E731
+    untagged = lambda *args: plain.append(args)  # noqa: E731
+    previous = openreg.set_launch_hook(hook)
+    openreg.add_launch_observer(tagged, tagged=True)
+    openreg.add_launch_observer(untagged)
+    try:
+        stream.launch(lambda: None, name="k1")
+        stream.run_here(lambda: None, name="k2")
+        stream.synchronize()
+    finally:
+        openreg.remove_launch_observer(tagged)
+        openreg.remove_launch_observer(untagged)
+        assert openreg.set_launch_hook(previous) is hook
+    assert [(n, t) for n, t, _ in launched] == [("k1", threading.get_ident()), ("k2", threading.get_ident())]
+    mine = [r for r in ran if r[2] == stream.id]
+    assert [(r[0], r[5]) for r in mine] == [("k1", "tag-k1"), ("k2", "tag-k2")]
+    assert all(len(r) == 5 for r in plain)
+    assert launched[0][2] <= mine[0][3]  # the hook ran before the work started
+    stream.launch(lambda: None, name="k3")  # no hook any more
+    stream.synchronize()
+    assert len(launched) == 2
+
+
+def test_launch_site_of_a_tag_names_a_failed_kernel(asynchronous):
+    class Tag:
+        launch_site = "train.py:12 in step"
+
+    previous = openreg.set_launch_hook(lambda *_: Tag())
+    try:
+        stream = openreg.Stream()
+        stream.launch(_boom, "x", name="failing")
+    finally:
+        openreg.set_launch_hook(previous)
+    expected = r"failing on openreg:0 stream \d+ failed: .*\(launched at train.py:12 in step\)"
+    with pytest.raises(OpenRegError, match=expected):
+        stream.synchronize()

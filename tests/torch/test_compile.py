@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import gc
 import re
-import warnings
 
 import pytest
 import torch
@@ -429,16 +428,28 @@ def test_max_autotune_no_cudagraphs():
     torch.testing.assert_close(out.cpu(), fn(a, b))
 
 
-def test_reduce_overhead_warns_that_device_graphs_are_missing(monkeypatch):
-    import torch_openreg.compiler.runtime as runtime
+def test_reduce_overhead_replays_openreg_graphs(monkeypatch):
+    recorded = []
+    end_capture = openreg.end_capture
 
-    monkeypatch.setattr(runtime, "_warned_graphs", False)
-    x = torch.randn(32)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        out = torch.compile(lambda t: t.sin() + 1, mode="reduce-overhead")(x.to(D))
-    torch.testing.assert_close(out.cpu(), x.sin() + 1)
-    assert any("openreg has no device graphs yet" in str(w.message) for w in caught), [str(w.message) for w in caught]
+    def count(stream):
+        graph = end_capture(stream)
+        recorded.append([node.name for node in graph.nodes])
+        return graph
+
+    monkeypatch.setattr(openreg, "end_capture", count)
+    replays = []
+    monkeypatch.setattr(openreg.Graph, "launch", lambda self, s, launch=openreg.Graph.launch: (
+        replays.append(1), launch(self, s))[1])
+    fn = torch.compile(lambda t: (t.sin() + 1).relu() * t, mode="reduce-overhead")
+    x = torch.randn(64)
+    xd = x.to(D)
+    outs = [fn(xd) for _ in range(4)]  # the first runs as compiled, the second captures, all but the first replay
+    assert len(recorded) == 1 and recorded[0][0].startswith("cpp_fused") and len(replays) == 3
+    for out in outs:  # outputs are the callers' own, not the graph's memory
+        torch.testing.assert_close(out.cpu(), (x.sin() + 1).relu() * x)
+    xd.copy_(-x)
+    torch.testing.assert_close(fn(xd).cpu(), ((-x).sin() + 1).relu() * -x)
 
 
 # -- what Inductor cannot do, and bad input ----------------------------------------------------------
@@ -519,6 +530,7 @@ def test_pytorch_still_has_the_rough_edges_the_workarounds_cover():
     assert original["get_current_backend"]("openreg") == "triton"  # unknown device types get the CUDA backend
     assert original["device_need_guard"]("openreg") is False  # device guards only for GPU_TYPES
     assert original["is_cpu"](SimpleNamespace(get_device=lambda: torch.device(D, 0))) is False
+    assert "multiple devices" in original["check_multiple_devices_or_any_cpu_nodes"]({torch.device(D, 0): None})
     t = torch.ones(2, device=D)
     torch._utils.set_tensor_metadata(t, {"openreg_format=3": True})
     mode = FakeTensorMode()

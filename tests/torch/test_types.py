@@ -32,10 +32,11 @@ def test_generated_is_openreg_properties():
     assert torch.nn.Linear(1, 1).openreg().weight.is_openreg
 
 
-def test_legacy_tensor_classes_are_not_generated_for_privateuse1():
-    """torch generates torch.cuda.FloatTensor-style classes for CPU and CUDA only (python_tensor.cpp)."""
-    assert not hasattr(torch.openreg, "FloatTensor")
+def test_legacy_tensor_classes_are_openregs_own():
+    """torch generates torch.cuda.FloatTensor-style classes for CPU and CUDA only (python_tensor.cpp); openreg
+    defines its own in Python (docs/cuda_api.md), outside torch's registry of tensor types."""
     assert not any("openreg" in str(c) for c in torch._tensor_classes)
+    assert isinstance(torch.openreg.FloatTensor(2), torch.openreg.FloatTensor)
 
 
 def test_profiler_activity_and_device_type_aliases():

@@ -12,6 +12,7 @@ import torch
 
 import openreg
 from torch_openreg import _C
+from torch_openreg.device import sync_debug
 from torch_openreg.memory import host_allocator, owner
 
 from .launch import host_view, launch, run_sync
@@ -56,6 +57,8 @@ def copy_from(src: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False) 
         host_allocator.record_event(host.untyped_storage().data_ptr(), stream)
     else:
         # Pageable host memory: the copy waits for itself (as cudaMemcpy from pageable memory does).
+        if sync_debug.mode:
+            sync_debug.check(f"copy {'to' if host is dst else 'from'} pageable host memory (aten::_copy_from)")
         run_sync(device, _copy_into, *args, tensors=tensors, name="copy")
     return dst
 # LITERALINCLUDE END: COPY FROM
@@ -77,5 +80,7 @@ def record_stream(t: torch.Tensor, stream: torch.Stream) -> None:
 # LITERALINCLUDE START: LOCAL SCALAR DENSE
 def local_scalar_dense(t: torch.Tensor) -> int | float | bool | complex:
     """``aten::_local_scalar_dense`` (``.item()``): waits for the current stream, reads one value."""
+    if sync_debug.mode:
+        sync_debug.check("aten::_local_scalar_dense (.item())")
     return run_sync(t.device.index, lambda v: v.item(), host_view(t), tensors=(t,), name="item")
 # LITERALINCLUDE END: LOCAL SCALAR DENSE

@@ -27,7 +27,9 @@ from typing import Any
 
 import torch
 
+import openreg
 from torch_openreg import _C
+from torch_openreg.device import sync_debug
 
 from . import cpu_rules
 from .arguments import (
@@ -57,7 +59,9 @@ def fallback(op: torch._ops.OpOverload, *args: Any, **kwargs: Any) -> Any:
     try:
         call = decide(op, traits, args, kwargs)
         if call.route is not Route.NOW:
-            check = call.route is Route.CHECK
+            # A graph capture records the first call like any launch: nothing runs on the host during a
+            # capture (openreg.graph).
+            check = call.route is Route.CHECK and not openreg.is_capturing(openreg.current_stream(call.device.index))
             try:
                 with _Warnings(check) as warned:
                     result = _path.launch(call, check)
@@ -305,6 +309,13 @@ class _Warnings:
 # LITERALINCLUDE START: RUN NOW
 def run_now(call: Call) -> Any:
     """Wait for the stream, run the CPU kernel now (in a launch: the pages are open), bring new outputs over."""
+    if sync_debug.mode:  # reported only where CUDA would wait too (not for what the simulator needs)
+        with sync_debug.reported(call.traits.name if call.traits.host_waits else None):
+            return _run_now(call)
+    return _run_now(call)
+
+
+def _run_now(call: Call) -> Any:
     cpu_args, cpu_kwargs = swap(call.traits, call.args, call.kwargs, call.device, host_view_or_self, "cpu")
     outs = {}  # out=: the CPU kernel sizes a host tensor, copied into the argument after
     for name in call.traits.out_args:

@@ -16,6 +16,8 @@ from typing import Any
 
 import torch
 
+from torch_openreg.device import sync_debug
+
 from .launch import run_sync
 from .traits import Kind, OpTraits
 
@@ -51,6 +53,13 @@ def run(op: torch._ops.OpOverload, traits: OpTraits, args: tuple, kwargs: dict, 
     ``parts(t)`` lists the dense tensors a tensor's data lives in (the storages the launch opens);
     ``validate(t)``, if given, checks each host-side argument before the kernel trusts it.
     """
+    if sync_debug.mode:  # the host waits for what the simulator needs; reported where CUDA would wait too
+        with sync_debug.reported(op.name() if traits.host_waits else None):
+            return _run(op, traits, args, kwargs, on_host, parts, validate)
+    return _run(op, traits, args, kwargs, on_host, parts, validate)
+
+
+def _run(op, traits: OpTraits, args: tuple, kwargs: dict, on_host, parts, validate) -> Any:
     tensors = device_tensors(args, kwargs)
     device = device_of(op.name(), tensors)
     extents = [p for t in tensors if t.device.type != "cpu" for p in parts(t)]

@@ -18,6 +18,8 @@ import weakref
 
 import torch
 
+from torch_openreg.device import sync_debug
+
 from .launch import host_view, launch, run_sync
 
 _quantized = torch.ops.quantized
@@ -115,9 +117,10 @@ def recurrent(op, name: str):
             raise RuntimeError(f"{name}: input and states must be on one openreg device, got "
                                f"{sorted({str(t.device) for t in tensors})}")
         device = tensors[0].device
-        results = run_sync(device.index, functools.partial(op, **kwargs), *(_on_host(a) for a in args), tensors=tensors,
-                           name=name)
-        return tuple(r.to(device) for r in results)
+        with sync_debug.reported(None):  # the simulator's own wait: CUDA's kernel would not
+            results = run_sync(device.index, functools.partial(op, **kwargs), *(_on_host(a) for a in args),
+                               tensors=tensors, name=name)
+            return tuple(r.to(device) for r in results)
 
     return kernel
 

@@ -74,6 +74,9 @@ class OpTraits:
     cpu_decides: bool  # CPU_DECIDES_OUTPUTS
     cpu_statistics: bool  # CPU_STATISTICS
     cpu_layout: bool  # CPU_LAYOUT
+    # The host waits for the device because of the data, as it would on CUDA (not because of what the simulator
+    # needs): PyTorch tags such operators. The sync debug mode (torch.openreg.set_sync_debug_mode) reports these.
+    host_waits: bool
 
     def value(self, args: tuple, kwargs: dict, index: int) -> Any:
         """The argument at ``index`` as called (its default when not passed)."""
@@ -129,6 +132,7 @@ def _read(op: torch._ops.OpOverload) -> OpTraits:
         cpu_decides=schema.name in CPU_DECIDES_OUTPUTS,
         cpu_statistics=schema.name in CPU_STATISTICS,
         cpu_layout=schema.name in CPU_LAYOUT,
+        host_waits=bool({torch.Tag.dynamic_output_shape, torch.Tag.data_dependent_output} & set(op.tags)),
     )
 
 

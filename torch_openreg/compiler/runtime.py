@@ -12,7 +12,6 @@ take them directly (Inductor's ``cpp_pybinding`` reads ``tensor.data_ptr()``), n
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable
 
 import torch
@@ -21,7 +20,6 @@ from torch_openreg import _C
 from torch_openreg.aten.launch import launch_extents
 
 _DEVICES: dict[int, torch.device] = {}
-_warned_graphs = False
 
 
 # LITERALINCLUDE START: GRAPH RUNTIME
@@ -44,19 +42,6 @@ def launch_kernels(index: int, name: str, tensors: tuple, *calls: Callable | tup
 def _run_kernels(calls: tuple) -> None:
     for i in range(0, len(calls), 2):
         calls[i](*calls[i + 1])
-
-
-def warn_no_device_graphs() -> None:
-    """Once per process: ``mode="reduce-overhead"`` asked for device graphs, which openreg does not have yet."""
-    global _warned_graphs
-    if not _warned_graphs:
-        _warned_graphs = True
-        warnings.warn(
-            "torch.compile(mode='reduce-overhead') on openreg: openreg has no device graphs yet (the counterpart "
-            "of CUDA graphs, torch.accelerator.Graph capture and replay, is not built), so compiled graphs run "
-            "their kernels as ordinary stream launches. Results are the same; launch overhead is not reduced.",
-            stacklevel=2,
-        )
 
 
 def get_raw_stream(index: int) -> int:

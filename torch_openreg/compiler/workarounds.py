@@ -31,6 +31,7 @@ def install_inductor() -> None:
     _cpp_backend_for_openreg()
     _loop_passes_as_on_cpu()
     _device_guards_as_on_gpus()
+    _device_graphs_for_openreg()
 
 
 def _cpp_backend_for_openreg() -> None:
@@ -92,4 +93,31 @@ def _device_guards_as_on_gpus() -> None:
 
     need_guard = ORIGINALS["device_need_guard"] = scheduler.device_need_guard
     scheduler.device_need_guard = lambda device: device == "openreg" or need_guard(device)
+
+
+def _device_graphs_for_openreg() -> None:
+    """``check_multiple_devices_or_any_cpu_nodes`` (torch/_inductor/cudagraph_utils.py) -> no objection to a graph
+    on one openreg device; ``config.cudagraph_policy`` -> openreg's policy (unless one is set already).
+
+    ``mode="reduce-overhead"`` asks for device graphs, and Inductor gives them only to graphs on one device of type
+    ``"cuda"``: for any other it records "multiple devices" as the reason to skip them. Once allowed, a graph goes
+    to Inductor's CUDA graph trees, which call ``torch.cuda`` directly, unless a ``CUDAGraphPolicy`` is set:
+    openreg's wraps openreg graphs in openreg device graphs (``graphs.py``) and leaves CUDA graphs to the trees.
+    """
+    from torch._inductor import config, cudagraph_utils
+
+    from .graphs import OpenRegGraphPolicy
+
+    check = cudagraph_utils.check_multiple_devices_or_any_cpu_nodes
+    ORIGINALS["check_multiple_devices_or_any_cpu_nodes"] = check
+
+    def check_with_openreg(device_node_mapping: dict) -> str | None:
+        devices = [d for d in device_node_mapping if d.type != "meta"]
+        if len(devices) == 1 and devices[0].type == "openreg":
+            return None
+        return check(device_node_mapping)
+
+    cudagraph_utils.check_multiple_devices_or_any_cpu_nodes = check_with_openreg
+    if config.cudagraph_policy is None:
+        config.cudagraph_policy = OpenRegGraphPolicy()
 # LITERALINCLUDE END: WORKAROUNDS

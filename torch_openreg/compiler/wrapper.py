@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 
-from torch._inductor import config
 from torch._inductor.codegen.common import IndentedBuffer
 from torch._inductor.codegen.wrapper import (
     CommentLine,
@@ -143,9 +142,6 @@ class _OpenRegWrapper:
     def write_header(self) -> None:
         super().write_header()
         self.imports.writeline("from torch_openreg.compiler.runtime import empty_strided_openreg, launch_kernels")
-        if config.triton.cudagraphs:  # mode="reduce-overhead": say, each time this graph loads, what is missing
-            self.header.writeline("torch_openreg.compiler.runtime.warn_no_device_graphs()")
-            self.imports.writeline("import torch_openreg.compiler.runtime")
 
     def make_allocation(self, name, device, dtype, shape, stride, allocation_shape=None, is_pinned=False) -> str:
         if device.type != "openreg":

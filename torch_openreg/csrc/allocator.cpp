@@ -19,8 +19,18 @@ namespace openreg {
 namespace {
 
 namespace cda = c10::CachingDeviceAllocator;
+} // namespace
 
-void free_device(void* ptr) { call_quietly("free", reinterpret_cast<uintptr_t>(ptr)); }
+// profile_memory=True (profiler.cpp): report an allocation; free and report a free (false: not profiling).
+void report_allocation(void* ptr, c10::DeviceIndex index);
+bool free_reported(void* ptr) noexcept;
+
+namespace {
+
+void free_device(void* ptr) {
+  if (free_reported(ptr)) return; // profile_memory=True: freed by the profiler, which reports it
+  call_quietly("free", reinterpret_cast<uintptr_t>(ptr));
+}
 
 void free_host(void* ptr) { call_quietly("host_free", reinterpret_cast<uintptr_t>(ptr)); }
 
@@ -47,6 +57,7 @@ struct DeviceAllocator final : public c10::DeviceAllocator {
   c10::DataPtr allocate(size_t nbytes) override {
     auto where = index();
     void* ptr = nbytes ? reinterpret_cast<void*>(call<uintptr_t>("malloc", nbytes, where)) : nullptr;
+    report_allocation(ptr, where); // profile_memory=True only
     return {ptr, ptr, &free_device, device(where)};
   }
   c10::DeleterFnPtr raw_deleter() const override { return &free_device; }

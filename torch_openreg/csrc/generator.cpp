@@ -37,13 +37,16 @@ struct GeneratorImpl final : public c10::GeneratorImpl {
     TORCH_CHECK(false, "openreg generators have no offset: their state is a CPU (MT19937) generator state, "
                 "not a Philox seed and offset; use get_state()/set_state() instead");
   }
+  // A captured random kernel reads this state when it runs, at each replay: graphs need no graph-safe state.
   c10::intrusive_ptr<c10::GeneratorImpl> graphsafe_get_state() const override {
-    TORCH_CHECK(false, "openreg generators have no graph-safe state (there is no openreg graph capture); "
-                "use get_state()/set_state() instead");
+    TORCH_CHECK(false, "openreg generators have no graph-safe state: a random kernel captured in an openreg graph "
+                "draws from the generator's state when it runs (at each replay), so get_state()/set_state() "
+                "already save and restore what replays draw; use them instead");
   }
   void graphsafe_set_state(const c10::intrusive_ptr<c10::GeneratorImpl>&) override {
-    TORCH_CHECK(false, "openreg generators have no graph-safe state (there is no openreg graph capture); "
-                "use get_state()/set_state() instead");
+    TORCH_CHECK(false, "openreg generators have no graph-safe state: a random kernel captured in an openreg graph "
+                "draws from the generator's state when it runs (at each replay), so get_state()/set_state() "
+                "already save and restore what replays draw; use them instead");
   }
   uint64_t current_seed() const override { return cpu_.current_seed(); }
   uint64_t seed() override {

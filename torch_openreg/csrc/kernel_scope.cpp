@@ -3,8 +3,11 @@
 // worker, or a host thread that synchronizes and runs the queue itself), the kernel must see
 // PyTorch as a fresh thread would, not as the host code around the synchronize left it:
 // autograd off (a kernel writing a tensor that requires grad must not record history),
-// autocast off, no Python dispatch or torch function modes, no functorch layers.
+// autocast off, no Python dispatch or torch function modes, no functorch layers, and no
+// RecordFunction callbacks: the CPU operators a kernel runs are device work, not host operators a
+// profiler should list (and a host that runs queued work would otherwise show them nested in its own).
 #include <ATen/PythonTorchFunctionTLS.h>
+#include <ATen/record_function.h>
 #include <c10/core/GradMode.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/Exception.h>
@@ -25,11 +28,13 @@ class KernelScope {
         c10::default_included_set,
         c10::default_excluded_set | c10::autograd_dispatch_keyset_with_ADInplaceOrView);
     grad_ = std::make_unique<c10::AutoGradMode>(false);
+    record_ = std::make_unique<at::RecordFunctionGuard>(false);
     torch_function_ = at::impl::PythonTorchFunctionTLS::get_disabled_state();
     at::impl::PythonTorchFunctionTLS::set_disabled_state(at::impl::TorchFunctionDisabledState::ALL_DISABLED);
   }
   void exit() {
     at::impl::PythonTorchFunctionTLS::set_disabled_state(torch_function_);
+    record_.reset();
     grad_.reset();
     keys_.reset();
   }
@@ -37,6 +42,7 @@ class KernelScope {
  private:
   std::unique_ptr<c10::impl::ForceDispatchKeyGuard> keys_;
   std::unique_ptr<c10::AutoGradMode> grad_;
+  std::unique_ptr<at::RecordFunctionGuard> record_;
   at::impl::TorchFunctionDisabledState torch_function_ = at::impl::TorchFunctionDisabledState::ENABLED;
 };
 // LITERALINCLUDE END: KERNEL SCOPE

@@ -26,6 +26,7 @@ bool cpu_output_allocator_installed();
 size_t cpu_outputs_held();
 void bind_kernel_scope(py::module& m);
 void bind_distributed(py::module& m);
+void bind_profiler(py::module& m);
 
 // LITERALINCLUDE START: HOST VIEW
 // A CPU tensor over the same bytes as an openreg tensor (same sizes, strides,
@@ -127,6 +128,7 @@ PYBIND11_MODULE(_C, m) {
         "whether the CPU allocator of _install_cpu_output_allocator is PyTorch's CPU allocator");
   openreg::bind_kernel_scope(m);
   openreg::bind_distributed(m);
+  openreg::bind_profiler(m);
   m.def("_copy_backend_meta", &openreg::copy_backend_meta,
         "clone an openreg tensor's backend metadata onto dst (torch._C._copy_backend_meta of newer PyTorch)");
 }

@@ -17,24 +17,51 @@ import torch
 import openreg as _rt
 
 from . import amp  # noqa: F401  (torch.openreg.amp)
+from . import memory as _memory
+from .graphed_callables import make_graphed_callables
+from .graphs import (
+    Graph,
+    MemPool,
+    graph,
+    graph_pool_handle,
+    is_current_stream_capturing,
+    use_mem_pool,
+)
+from .legacy import STORAGE_TYPES, TENSOR_TYPES
 from .memory import (
+    OpenRegPluggableAllocator,
+    caching_allocator_alloc,
+    caching_allocator_delete,
+    caching_allocator_disabled,
+    caching_allocator_enable,
+    change_current_allocator,
+    device_memory_used,
     empty_cache,
+    get_allocator_backend,
     get_per_process_memory_fraction,
     host_memory_stats,
+    host_memory_stats_as_nested_dict,
+    list_gpu_processes,
     max_memory_allocated,
+    max_memory_cached,
     max_memory_reserved,
     mem_get_info,
     memory_allocated,
+    memory_cached,
     memory_reserved,
     memory_snapshot,
     memory_stats,
     memory_stats_as_nested_dict,
     memory_summary,
+    reset_accumulated_host_memory_stats,
     reset_accumulated_memory_stats,
     reset_max_memory_allocated,
+    reset_max_memory_cached,
+    reset_peak_host_memory_stats,
     reset_peak_memory_stats,
     set_per_process_memory_fraction,
 )
+from .monitoring import clock_rate, memory_usage, power_draw, temperature, utilization
 from .random import (
     _get_rng_state_offset,  # noqa: F401  (torch.cuda has them too)
     _set_rng_state_offset,  # noqa: F401
@@ -51,6 +78,7 @@ from .random import (
 )
 from .state import (  # noqa: F401  (torch.openreg._lazy_init and friends, as torch.cuda has them)
     SUPPORTED_DTYPES,
+    DeferredOpenRegCallError,
     _index,
     _is_in_bad_fork,
     _lazy_call,
@@ -67,12 +95,21 @@ from .streams import (
     StreamContext,
     current_stream,
     default_stream,
+    get_stream_from_external,
     set_stream,
     stream,
 )
+from .sync_debug import get_sync_debug_mode, set_sync_debug_mode
+
+_memory.MemPool, _memory.use_mem_pool = MemPool, use_mem_pool  # torch.cuda.memory has them too
+globals().update(TENSOR_TYPES)  # torch.openreg.FloatTensor, ...
+globals().update(STORAGE_TYPES)  # torch.openreg.FloatStorage, ...
+OutOfMemoryError = torch.OutOfMemoryError  # what an openreg allocation that does not fit raises
+AcceleratorError = torch.AcceleratorError  # what every other openreg driver error is an instance of
+has_half = True
 
 # `import torch.openreg.amp` (and .memory, .random, .streams) finds these modules instead of loading copies.
-for _name in ("amp", "memory", "random", "streams"):
+for _name in ("amp", "graphs", "memory", "monitoring", "random", "streams"):
     sys.modules[f"torch.openreg.{_name}"] = sys.modules[f"{__name__}.{_name}"]
 
 __all__ = [
@@ -87,6 +124,17 @@ __all__ = [
     "max_memory_reserved", "mem_get_info", "memory_allocated", "memory_reserved", "memory_snapshot", "memory_stats",
     "memory_stats_as_nested_dict", "memory_summary", "reset_accumulated_memory_stats", "reset_max_memory_allocated",
     "reset_peak_memory_stats", "set_per_process_memory_fraction",
+    # the rest of torch.cuda's names that apply to openreg (docs/cuda_api.md maps every one)
+    "AcceleratorError", "DeferredOpenRegCallError", "OpenRegPluggableAllocator", "OutOfMemoryError",
+    "caching_allocator_alloc", "caching_allocator_delete", "caching_allocator_disabled", "caching_allocator_enable",
+    "can_device_access_peer", "change_current_allocator", "clock_rate", "device_memory_used",
+    "get_allocator_backend", "get_arch_list", "get_stream_from_external", "get_sync_debug_mode", "has_half",
+    "host_memory_stats_as_nested_dict", "ipc_collect", "is_tf32_supported", "list_gpu_processes",
+    "max_memory_cached", "memory_cached", "memory_usage", "power_draw", "reset_accumulated_host_memory_stats",
+    "reset_max_memory_cached", "reset_peak_host_memory_stats", "set_sync_debug_mode", "temperature", "utilization",
+    *TENSOR_TYPES, *STORAGE_TYPES,
+    "Graph", "MemPool", "graph", "graph_pool_handle", "is_current_stream_capturing", "make_graphed_callables",
+    "use_mem_pool",
 ]
 
 
@@ -192,3 +240,42 @@ class device_of(device):
 def is_bf16_supported(including_emulation: bool = True) -> bool:
     """bfloat16 works on openreg (its kernels are the CPU's)."""
     return True
+
+
+# LITERALINCLUDE START: PEERS AND ARCHITECTURES
+def can_device_access_peer(device: Any, peer_device: Any) -> bool:
+    """Whether ``device`` can read ``peer_device``'s memory directly: every two distinct openreg devices
+    can (peer copies run on the destination's stream); a device is not its own peer, as in CUDA."""
+    index, peer = _index(device), _index(peer_device)
+    _rt.device.check_device(index)
+    _rt.device.check_device(peer)
+    return index != peer
+
+
+def get_arch_list() -> list[str]:
+    """The device architectures openreg's kernels are built for: ``or_<major><minor>`` of each device's
+    capability (``f"or_{major}{minor}" in get_arch_list()`` checks support, as ``sm_XY`` does for CUDA)."""
+    return sorted({f"or_{p.major}{p.minor}" for p in map(_rt.get_device_properties, range(_rt.device_count()))})
+
+
+def is_tf32_supported() -> bool:
+    """TF32 matmuls are computed on openreg (``torch.backends.openreg.matmul.allow_tf32``)."""
+    return True
+# LITERALINCLUDE END: PEERS AND ARCHITECTURES
+
+
+def ipc_collect() -> None:
+    """Release what openreg's IPC holds once tensors shared with other processes are gone.
+
+    A received tensor's mapping is closed as soon as its last tensor dies, and a sender's allocation
+    follows its tensor (there are no reference-count files, unlike CUDA's). What remains is Python
+    garbage that still holds received or sent storages, and cached blocks of exported allocations:
+    both are collected here.
+    """
+    import gc
+
+    _lazy_init()
+    gc.collect()
+    for index in range(_rt.device_count()):
+        synchronize(index)
+    empty_cache()

@@ -8,15 +8,20 @@ numbers through the bridge's ``c10::DeviceAllocator``.
 from __future__ import annotations
 
 import collections
+import contextlib
+import os
 import pickle
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 
 import openreg
+from torch_openreg import _runtime
 from torch_openreg.memory import allocator, format_size, host_allocator
 from torch_openreg.memory.history import History
+from torch_openreg.memory.pluggable import PluggableAllocator
 
 from .state import _index, _lazy_init
 
@@ -168,9 +173,34 @@ def _allocation_traceback(data_ptr: int) -> list[dict[str, Any]] | None:
 # LITERALINCLUDE END: MEMORY HISTORY API
 
 
-def host_memory_stats() -> dict[str, Any]:
-    """Statistics of the pinned-host caching allocator."""
+# LITERALINCLUDE START: HOST MEMORY STATS
+def host_memory_stats() -> collections.OrderedDict[str, Any]:
+    """Flat statistics of the pinned-host caching allocator (``torch.cuda.host_memory_stats`` keys):
+    ``allocations``/``allocated_bytes`` (blocks the cache owns), ``active_requests``/``active_bytes``
+    (handed out now), ``num_host_alloc``/``num_host_free`` and ``host_alloc_time``/``host_free_time`` (us)."""
+    flat = []
+    for key, value in host_memory_stats_as_nested_dict().items():
+        if isinstance(value, dict):
+            flat.extend((f"{key}.{inner}", v) for inner, v in value.items())
+        else:
+            flat.append((key, value))
+    return collections.OrderedDict(sorted(flat))
+
+
+def host_memory_stats_as_nested_dict() -> dict[str, Any]:
+    """:func:`host_memory_stats` nested by statistic."""
     return host_allocator.as_dict()
+
+
+def reset_accumulated_host_memory_stats() -> None:
+    """Reset the ``allocated``/``freed`` totals, the counters and the timings of the pinned-host cache."""
+    host_allocator.reset_accumulated()
+
+
+def reset_peak_host_memory_stats() -> None:
+    """Reset the peaks of the pinned-host cache's statistics to their current values."""
+    host_allocator.reset_peak()
+# LITERALINCLUDE END: HOST MEMORY STATS
 
 
 def memory_summary(device: Any = None, abbreviated: bool = False) -> str:
@@ -201,3 +231,108 @@ def memory_summary(device: Any = None, abbreviated: bool = False) -> str:
                  f"device mallocs: {stats['num_device_alloc']:<6} frees: {stats['num_device_free']}")
     lines.append("=" * width)
     return "\n".join(lines) + "\n"
+
+
+def memory_cached(device: Any = None) -> int:
+    """Deprecated CUDA name of :func:`memory_reserved`."""
+    return memory_reserved(device)
+
+
+def max_memory_cached(device: Any = None) -> int:
+    """Deprecated CUDA name of :func:`max_memory_reserved`."""
+    return max_memory_reserved(device)
+
+
+def reset_max_memory_cached(device: Any = None) -> None:
+    """Deprecated CUDA name: resets the peaks (:func:`reset_peak_memory_stats`)."""
+    reset_peak_memory_stats(device)
+
+
+def device_memory_used(device: Any = None) -> int:
+    """Bytes of device memory in use as the driver sees it (``nvidia-smi``'s "used"): every live
+    allocation of this process, cached blocks included, page-rounded."""
+    return openreg.memory_used(_device(device))
+
+
+def list_gpu_processes(device: Any = None) -> str:
+    """``torch.cuda.list_gpu_processes``: the processes using a device and their memory.
+
+    The simulated device lives in this process, so this process is the only one the driver knows of
+    (memory another process mapped through IPC is counted by that process's own device).
+    """
+    index = _device(device)
+    used = openreg.memory_used(index)
+    lines = [f"openreg:{index}"]
+    lines.append(f"process {os.getpid():>10d} uses {used / (1024 * 1024):>12.3f} MB openreg memory"
+                 if used else "no processes are running")
+    return "\n".join(lines)
+
+
+# LITERALINCLUDE START: RAW ALLOCATIONS
+def caching_allocator_alloc(size: int, device: Any = None, stream: Any = None) -> int:
+    """Device memory from openreg's allocator, for another framework (``torch.cuda.caching_allocator_alloc``);
+    give it back with :func:`caching_allocator_delete`. ``stream``: where it is used (the current one)."""
+    index = _device(device)
+    if stream is None:
+        runtime_stream = openreg.current_stream(index)
+    elif isinstance(stream, torch.Stream):
+        runtime_stream = openreg.get_stream(stream.device_index, stream.stream_id)
+    elif isinstance(stream, int):
+        runtime_stream = openreg.get_stream(index, stream)
+    else:
+        raise TypeError("Invalid type for stream argument, must be `torch.openreg.Stream` or `int` naming a stream")
+    if runtime_stream.device != index:
+        raise ValueError(f"stream {runtime_stream} is not on openreg:{index}")
+    return _runtime._device_allocators[index].malloc(size, runtime_stream)
+
+
+def caching_allocator_delete(mem_ptr: int) -> None:
+    """Free memory from :func:`caching_allocator_alloc` (stream-ordered, like a tensor's free)."""
+    _runtime.free(mem_ptr)
+
+
+def caching_allocator_enable(value: bool = True) -> None:
+    """Enable (default) or disable caching: disabled, a freed block goes straight back to the device."""
+    _runtime.caching = bool(value)
+    if not value:
+        empty_cache()
+
+
+@contextlib.contextmanager
+def caching_allocator_disabled() -> Iterator[None]:
+    """Run a block with caching disabled (:func:`caching_allocator_enable`), then restore the setting."""
+    previous = _runtime.caching
+    caching_allocator_enable(False)
+    try:
+        yield
+    finally:
+        caching_allocator_enable(previous)
+# LITERALINCLUDE END: RAW ALLOCATIONS
+
+
+# LITERALINCLUDE START: PLUGGABLE API
+class OpenRegPluggableAllocator(PluggableAllocator):
+    """``torch.cuda.CUDAPluggableAllocator`` for openreg: Python ``alloc_fn(size, device, stream_id) -> ptr``
+    and ``free_fn(ptr, size, device, stream_id)`` (openreg's driver API is Python: build them on
+    ``openreg.malloc``/``openreg.free``). Install with :func:`change_current_allocator`."""
+
+    def allocator(self) -> OpenRegPluggableAllocator:
+        return self
+
+
+def change_current_allocator(allocator: PluggableAllocator) -> None:
+    """Use ``allocator`` for every openreg allocation from now on; an error once memory was allocated."""
+    if not isinstance(allocator, PluggableAllocator):
+        raise TypeError(f"expected an OpenRegPluggableAllocator, got {type(allocator).__name__}")
+    _runtime.use_allocator(allocator)
+
+
+def _get_current_allocator() -> PluggableAllocator | None:
+    """The pluggable allocator in use, or ``None`` for openreg's caching allocator."""
+    return _runtime.plugged
+
+
+def get_allocator_backend() -> str:
+    """``"native"`` for openreg's caching allocator, ``"pluggable"`` after :func:`change_current_allocator`."""
+    return "native" if _get_current_allocator() is None else "pluggable"
+# LITERALINCLUDE END: PLUGGABLE API

@@ -18,6 +18,12 @@ import torch
 
 import openreg as _rt
 
+
+class DeferredOpenRegCallError(RuntimeError):
+    """A call queued before initialization (``_lazy_call``) failed when initialization ran it
+    (``torch.cuda.DeferredCudaCallError``); the message has the stack that queued it."""
+
+
 _initialized = False
 _in_bad_fork = False
 _init_lock = threading.RLock()  # re-entrant: a queued call may queue or initialize again
@@ -67,8 +73,8 @@ def _lazy_init() -> None:
             try:
                 fn()
             except Exception as exc:
-                raise RuntimeError(f"OpenReg call failed lazily at initialization: {exc}\nQueued at:\n"
-                                   + "".join(stack)) from exc
+                raise DeferredOpenRegCallError(f"OpenReg call failed lazily at initialization: {exc}\nQueued "
+                                               "at:\n" + "".join(stack)) from exc
         _queued_calls.clear()
 
 

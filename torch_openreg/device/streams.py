@@ -99,3 +99,9 @@ def ExternalStream(stream_id: int, device: Any = None) -> torch.Stream:  # noqa:
     index = _index(device)
     openreg.get_stream(index, stream_id)  # raises INVALID_HANDLE for an unknown stream
     return torch.Stream(stream_id=stream_id, device_index=index, device_type=current_stream(index).device_type)
+
+
+def get_stream_from_external(data_ptr: int, device: Any = None) -> torch.Stream:
+    """``torch.cuda.get_stream_from_external``: a ``torch.Stream`` for a runtime stream, named by its id
+    (openreg's stream handle, as ``cudaStream_t`` is CUDA's): :func:`ExternalStream`."""
+    return ExternalStream(data_ptr, device)

@@ -19,12 +19,18 @@ wholly free segments to the driver.
 * Out of memory: when the driver (or the per-process fraction) refuses, the
   allocator waits for pending frees, releases its cache and retries once, then
   raises OUT_OF_MEMORY with CUDA's account of where the memory is.
+* Private pools (CUDA's graph pools and ``MemPool``): allocations routed to a pool
+  (those of a graph capture's streams, or of a thread inside ``use_mem_pool``) get
+  blocks of its own segments only, and its blocks never serve other allocations. A
+  pool lives while a graph or ``MemPool`` uses it; then its segments go back to the
+  driver as soon as they are wholly free.
 """
 
 from __future__ import annotations
 
 import threading
 from bisect import bisect_left, insort
+from collections.abc import Callable
 
 import openreg
 from openreg import ErrorCode, OpenRegError
@@ -63,6 +69,33 @@ class Block:
         self.frames: list[dict] | None = None  # the allocating stack, while memory history is recorded
 
 
+# LITERALINCLUDE START: PRIVATE POOL
+class PrivatePool:
+    """A private memory pool (``MempoolId_t``): segments only the allocations routed to it may use."""
+
+    def __init__(self, pool_id: tuple[int, int], use_on_oom: bool = False, no_split: bool = False) -> None:
+        self.id, self.use_on_oom, self.no_split = pool_id, use_on_oom, no_split
+        self.use_count = 0  # graphs, MemPool objects and use_mem_pool contexts using it
+        self.keys: dict[openreg.Stream, PoolStream] = {}
+
+    def key(self, stream: openreg.Stream) -> PoolStream:
+        key = self.keys.get(stream)
+        if key is None:
+            key = self.keys[stream] = PoolStream(self, stream)
+        return key
+
+
+class PoolStream:
+    """What a pool's blocks have where ordinary blocks have their stream (``Block.stream``, the free lists'
+    keys): the pool and the stream, so that a pool's blocks are reused on their own stream only, like any."""
+
+    __slots__ = ("pool", "stream", "id")
+
+    def __init__(self, pool: PrivatePool, stream: openreg.Stream) -> None:
+        self.pool, self.stream, self.id = pool, stream, stream.id
+# LITERALINCLUDE END: PRIVATE POOL
+
+
 # A free list is sorted by (size, address), as ``size << KEY_SHIFT | ptr``: an int is built and
 # compared faster than a tuple.
 KEY_SHIFT = 64
@@ -93,6 +126,9 @@ class DeviceCachingAllocator:
         self._spare: list[Block] = []
         self.history: History | None = None  # memory history recording (torch.openreg.memory._record_memory_history)
         self.segment_frames: dict[int, list[dict]] = {}  # segment base -> the stack that created it, while recording
+        self.pools: dict[tuple[int, int], PrivatePool] = {}
+        self.routes: list[tuple[Callable[[openreg.Stream], bool], PrivatePool]] = []  # newest first
+        self.watchers: dict[int, list] = {}  # block pointer -> who wants to know when it is freed (graphs)
 
     # LITERALINCLUDE START: CACHING MALLOC
     def malloc(self, size: int, stream: openreg.Stream) -> int:
@@ -102,6 +138,10 @@ class DeviceCachingAllocator:
         try:
             if self.pending:
                 self._process_pending()
+            split = True
+            if self.routes:  # a graph capture or use_mem_pool is underway: this allocation may belong to a pool
+                stream = self._route(stream)
+                split = type(stream) is not PoolStream or not stream.pool.no_split
             rounded = (size + ROUND - 1) & -ROUND
             if rounded < ROUND:
                 rounded = ROUND
@@ -115,10 +155,13 @@ class DeviceCachingAllocator:
                 if block.prev is not None or block.next is not None:
                     taken = block.size  # a split block leaves inactive_split
             else:
-                block = self._new_segment(pool, stream, rounded, size)
+                try:
+                    block = self._new_segment(pool, stream, rounded, size)
+                except OpenRegError as error:
+                    return self._malloc_on_oom(size, stream, error)
                 keys = self._free_keys(pool, stream)
             rest = block.size - rounded
-            if rest >= (ROUND if pool == SMALL else SMALL_SIZE + 1):  # split: the rest is a free block
+            if split and rest >= (ROUND if pool == SMALL else SMALL_SIZE + 1):  # split: the rest is a free block
                 spare = self._spare
                 piece = spare.pop() if spare else Block(0, 0, None, 0)
                 piece.ptr = at = block.ptr + rounded
@@ -151,12 +194,17 @@ class DeviceCachingAllocator:
             block = self.active.pop(ptr)
             del _owners[ptr]
             block.allocated = False
+            if self.watchers:
+                for watcher in self.watchers.pop(ptr, ()):
+                    watcher.freed(ptr, block.size)
             if self.history is not None:
                 self._record_free("free_requested", block)
             if block.streams:
                 self.stats.on_free(block.pool, block.size, block.requested)
                 events = []
                 for stream in block.streams:
+                    if openreg.is_capturing(stream):
+                        continue  # its use is recorded in a graph, ordered there (a capture cannot query events)
                     event = openreg.Event()
                     event.record(stream)
                     events.append(event)
@@ -165,10 +213,113 @@ class DeviceCachingAllocator:
             else:
                 if self.history is not None:  # before _release, which may merge the block into a neighbour
                     self._record_free("free_completed", block)
+                owner = block.stream
                 self._release(block, block.requested)
+                if type(owner) is PoolStream and owner.pool.use_count == 0:
+                    self._free_pool(owner.pool)  # the last user is gone: its segments go as they become free
         finally:
             lock.release()
     # LITERALINCLUDE END: CACHING MALLOC
+
+    # LITERALINCLUDE START: POOL ROUTING
+    def begin_allocate_to_pool(self, pool_id: tuple[int, int], accepts: Callable[[openreg.Stream], bool],
+                               **options: bool) -> tuple:
+        """Route the allocations on streams ``accepts`` takes to the pool ``pool_id`` (created on first use) until
+        :meth:`end_allocate_to_pool`; the route counts as a use of the pool until :meth:`release_pool`."""
+        with self.lock:
+            pool = self.use_pool(pool_id, **options)
+            route = (accepts, pool)
+            self.routes.insert(0, route)
+            return route
+
+    def end_allocate_to_pool(self, route: tuple) -> None:
+        with self.lock:
+            self.routes.remove(route)
+
+    def use_pool(self, pool_id: tuple[int, int], **options: bool) -> PrivatePool:
+        """Count one more use of the pool ``pool_id``, creating it on first use."""
+        with self.lock:
+            pool = self.pools.get(pool_id)
+            if pool is None:
+                pool = self.pools[pool_id] = PrivatePool(pool_id, **options)
+            pool.use_count += 1
+            return pool
+
+    def release_pool(self, pool_id: tuple[int, int]) -> None:
+        """One use of the pool is over; after the last, its segments go back to the driver once wholly free."""
+        with self.lock:
+            pool = self.pools[pool_id]
+            pool.use_count -= 1
+            if pool.use_count == 0:
+                self._free_pool(pool)
+
+    def _route(self, stream: openreg.Stream | PoolStream) -> openreg.Stream | PoolStream:
+        for accepts, pool in self.routes:
+            if type(stream) is not PoolStream and accepts(stream):
+                return pool.key(stream)
+        return stream
+
+    def _free_pool(self, pool: PrivatePool) -> None:
+        """Give an unused pool's wholly free segments back; forget the pool once it has none left."""
+        left = False
+        for head in list(self.segments.values()):
+            if type(head.stream) is PoolStream and head.stream.pool is pool:
+                if head.next is None and not head.allocated and head.ptr in self.free_blocks:
+                    self._release_segment(head)
+                else:
+                    left = True
+        if not left and self.pools.get(pool.id) is pool:
+            del self.pools[pool.id]
+            for key in pool.keys.values():
+                for lists in self.free_lists:
+                    if not lists.get(key, True):
+                        del lists[key]
+
+    def _malloc_on_oom(self, size: int, stream: openreg.Stream | PoolStream, error: OpenRegError) -> int:
+        """Out of memory outside the pools: a ``MemPool(use_on_oom=True)`` serves the allocation if it can."""
+        if error.code == ErrorCode.OUT_OF_MEMORY and type(stream) is not PoolStream:
+            for pool in list(self.pools.values()):
+                if pool.use_on_oom and pool.use_count:
+                    try:
+                        return self.malloc(size, pool.key(stream))
+                    except OpenRegError:
+                        continue
+        raise error
+
+    def watch(self, ptr: int, watcher: object) -> bool:
+        """Call ``watcher.freed(ptr, size)`` when the live block at ``ptr`` is freed; False if none is there."""
+        with self.lock:
+            if ptr not in self.active:
+                return False
+            self.watchers.setdefault(ptr, []).append(watcher)
+            return True
+
+    def unwatch(self, ptr: int, watcher: object) -> None:
+        with self.lock:
+            watchers = self.watchers.get(ptr)
+            if watchers and watcher in watchers:
+                watchers.remove(watcher)
+                if not watchers:
+                    del self.watchers[ptr]
+
+    def state_of(self, ptr: int) -> tuple[str, tuple[int, int] | None, int] | None:
+        """``("allocated" or "free", the id of its pool or None, its size)`` for the block holding ``ptr``;
+        None when no segment of this allocator holds it."""
+        with self.lock:
+            block = self.active.get(ptr) or self.free_blocks.get(ptr)
+            if block is None:
+                for head in self.segments.values():
+                    if head.ptr <= ptr:
+                        block = head
+                        while block is not None and not block.ptr <= ptr < block.ptr + block.size:
+                            block = block.next
+                        if block is not None:
+                            break
+            if block is None:
+                return None
+            pool = block.stream.pool.id if type(block.stream) is PoolStream else None
+            return ("allocated" if block.allocated else "free", pool, block.size)
+    # LITERALINCLUDE END: POOL ROUTING
 
     # LITERALINCLUDE START: RECORD HISTORY
     def _record_alloc(self, block: Block) -> None:
@@ -197,7 +348,8 @@ class DeviceCachingAllocator:
         """Note that ``stream`` uses the block at ``ptr`` (``Tensor.record_stream``)."""
         with self.lock:
             block = self.active.get(ptr)
-            if block is not None and stream is not block.stream:
+            home = block.stream.stream if block is not None and type(block.stream) is PoolStream else None
+            if block is not None and stream is not (home or block.stream):
                 if block.streams is None:
                     block.streams = {stream}
                 else:
@@ -208,6 +360,8 @@ class DeviceCachingAllocator:
         with self.lock:
             self._process_pending()
             for head in list(self.segments.values()):
+                if type(head.stream) is PoolStream and head.stream.pool.use_count:
+                    continue  # a pool in use keeps its segments (a graph's replays write there)
                 if head.next is None and not head.allocated and head.ptr in self.free_blocks:
                     self._release_segment(head)
 
@@ -285,7 +439,10 @@ class DeviceCachingAllocator:
                 if all(e.query() for e in events):
                     if self.history is not None:
                         self._record_free("free_completed", block)
+                    owner = block.stream
                     self._release(block)
+                    if type(owner) is PoolStream and owner.pool.use_count == 0:
+                        self._free_pool(owner.pool)
                 else:
                     still.append((events, block))
             self.pending = still
@@ -410,7 +567,7 @@ class DeviceCachingAllocator:
                     "requested_size": sum(b["requested_size"] for b in blocks if b["state"] == "active_allocated"),
                     "stream": head.stream.id,
                     "segment_type": "small" if head.pool == SMALL else "large",
-                    "segment_pool_id": (0, 0),
+                    "segment_pool_id": head.stream.pool.id if type(head.stream) is PoolStream else (0, 0),
                     "is_expandable": False,
                     "frames": self.segment_frames.get(base, []),
                     "blocks": blocks,

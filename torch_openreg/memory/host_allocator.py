@@ -9,6 +9,7 @@ cache only once that copy's stream has passed the recorded event.
 from __future__ import annotations
 
 import threading
+import time
 
 import openreg
 
@@ -31,6 +32,7 @@ class HostCachingAllocator:
         # active_requests/active_bytes what is handed out to tensors now.
         self.stats = {name: Stat() for name in ("allocations", "allocated_bytes", "active_requests", "active_bytes")}
         self.counters = {"num_host_alloc": 0, "num_host_free": 0}
+        self.times = {"host_alloc_time": Durations(), "host_free_time": Durations()}  # driver calls, in us
 
     def malloc(self, size: int) -> int:
         if size == 0:
@@ -42,7 +44,9 @@ class HostCachingAllocator:
             if free:
                 ptr = free.pop()
             else:
+                started = time.perf_counter_ns()
                 ptr = openreg.host_malloc(block)
+                self.times["host_alloc_time"].add((time.perf_counter_ns() - started) // 1000)
                 self.sizes[ptr] = block
                 self.counters["num_host_alloc"] += 1
                 self.stats["allocations"].add(1)
@@ -93,7 +97,9 @@ class HostCachingAllocator:
             self._process_events()
             for size, ptrs in self.free_by_size.items():
                 for ptr in ptrs:
+                    started = time.perf_counter_ns()
                     openreg.host_free(ptr)
+                    self.times["host_free_time"].add((time.perf_counter_ns() - started) // 1000)
                     del self.sizes[ptr]
                     self.counters["num_host_free"] += 1
                     self.stats["allocations"].add(-1)
@@ -101,8 +107,10 @@ class HostCachingAllocator:
             self.free_by_size.clear()
 
     def as_dict(self) -> dict:
+        """CUDA's ``host_memory_stats_as_nested_dict`` layout."""
         out = {name: s.as_dict() for name, s in self.stats.items()}
         out.update(self.counters)
+        out.update({name: d.as_dict() for name, d in self.times.items()})
         return out
 
     def reset_peak(self) -> None:
@@ -114,6 +122,25 @@ class HostCachingAllocator:
             s.reset_accumulated()
         for key in self.counters:
             self.counters[key] = 0
+        for durations in self.times.values():
+            durations.__init__()
+
+
+class Durations:
+    """Times of driver calls, as CUDA's ``DurationStat``: total, max, min, count and average (us)."""
+
+    def __init__(self) -> None:
+        self.total = self.max = self.min = self.count = 0
+
+    def add(self, us: int) -> None:
+        self.min = us if self.count == 0 else min(self.min, us)
+        self.max = max(self.max, us)
+        self.total += us
+        self.count += 1
+
+    def as_dict(self) -> dict[str, int]:
+        return {"total": self.total, "max": self.max, "min": self.min, "count": self.count,
+                "avg": self.total // self.count if self.count else 0}
 
 
 host_allocator = HostCachingAllocator()
