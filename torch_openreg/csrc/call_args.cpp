@@ -1,7 +1,7 @@
 // The call plans' argument walk (torch_openreg/aten/fast/call_plans.py), in one crossing each way:
 // describe an operator call's arguments (its call shape, their host-side form, the device extents a
 // launch names), and allocate an output with its host view. The call shape is the key
-// torch_openreg/aten/fallback.py's call_key computes in Python, element for element; what is cached
+// torch_openreg/aten/arguments.py's call_key computes in Python, element for element; what is cached
 // under it and how the call runs is decided in Python. This file only reads tensors and builds
 // tuples, which costs ~1 us here and ~5 us per call in Python.
 #include <ATen/ops/empty_strided.h>

@@ -1,10 +1,12 @@
 // torch_openreg._C: loading it registers the guard, the device and pinned-host allocators, the
-// minimal operators and serialization's backend metadata (static initializers in their files), and
-// the hooks (below). The functions it binds are the Python side's ways into C++: host views of device
-// memory and their kin (this file), the fallback's accelerations (call_args.cpp, cpu_outputs.cpp),
-// the kernel scope and warning recorder (kernel_scope.cpp) and the c10d backend (distributed/).
-// Loading it changes nothing else in the process: the CPU allocator of cpu_outputs.cpp is installed
-// by a call (_install_cpu_output_allocator) when the accelerations are turned on.
+// minimal operators, serialization's backend metadata, the graph implementation and the Kineto
+// profiler (static initializers in their files), and the hooks (below). The functions it binds are the
+// Python side's ways into C++: host views of device memory and their kin (this file), the fallback's
+// accelerations (call_args.cpp, cpu_outputs.cpp), the kernel scope and warning recorder
+// (kernel_scope.cpp), the profiler's correlation ids and registration check (profiler.cpp) and the c10d
+// backend (distributed/). Loading it changes nothing else in the process: the CPU allocator of
+// cpu_outputs.cpp is installed by a call (_install_cpu_output_allocator), made by the accelerations when
+// the first kernel that needs it is built (never with OPENREG_FALLBACK_FAST=0).
 #include <ATen/ops/empty_strided.h>
 #include <ATen/ops/from_blob.h>
 #include <torch/csrc/utils/pybind.h>
