@@ -13,6 +13,7 @@ import itertools
 import openreg
 
 from .device import sync_debug
+from .device.graphs import _GraphImpl
 from .device.state import SUPPORTED_DTYPES
 from .memory import allocator, host_allocator, owner
 from .memory.caching_allocator import _owners
@@ -233,8 +234,6 @@ def copy_device_to_device(dst: int, src: int, nbytes: int, device: int) -> None:
 # LITERALINCLUDE START: BRIDGE GRAPHS
 def graph_new(keep_graph: bool) -> object:
     """The openreg graph behind a new ``torch.accelerator.Graph`` (csrc/graph.cpp holds it)."""
-    from .device.graphs import _GraphImpl
-
     return _GraphImpl(keep_graph)
 
 
