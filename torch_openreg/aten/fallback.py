@@ -146,14 +146,16 @@ def host_args(call: Call) -> tuple[tuple, dict]:
 def meta_run(call: Call) -> Any:
     """The outputs' metadata: the operator run on ``meta`` tensors, corrected where the CPU kernel shapes
     its outputs by another rule. NO_META when the meta run fails (no meta kernel, a data-dependent shape,
-    mismatched shapes): the call then runs now, and the CPU kernel raises its own error at the call."""
-    meta_args, meta_kwargs = swap(call.traits, call.args, call.kwargs, call.device, to_meta, "meta")
-    try:
-        with _C._WarningRecorder():  # dropped: the CPU kernel gives the caller the operator's warnings
-            meta = call.op(*meta_args, **meta_kwargs)
-    except Exception:
-        return NO_META
-    return cpu_rules.correct(call.traits, call.args, call.kwargs, meta)
+    mismatched shapes): the call then runs now, and the CPU kernel raises its own error at the call.
+    Profilers do not see it: it is the fallback's inference, not an operator the program called."""
+    with _C._Unrecorded():
+        meta_args, meta_kwargs = swap(call.traits, call.args, call.kwargs, call.device, to_meta, "meta")
+        try:
+            with _C._WarningRecorder():  # dropped: the CPU kernel gives the caller the operator's warnings
+                meta = call.op(*meta_args, **meta_kwargs)
+        except Exception:
+            return NO_META
+        return cpu_rules.correct(call.traits, call.args, call.kwargs, meta)
 
 
 NO_META = object()
