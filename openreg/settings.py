@@ -42,6 +42,7 @@ def _flag(name: str, default: bool) -> bool:
 DEVICE_COUNT = _count("OPENREG_DEVICE_COUNT", "2")  # number of simulated devices
 DEVICE_MEMORY = parse_size(os.environ.get("OPENREG_DEVICE_MEMORY", "4GiB"))  # capacity of each device
 LAUNCH_BLOCKING = _flag("OPENREG_LAUNCH_BLOCKING", False)  # every launch waits for its work (debugging)
+DEVICE_PROFILE = os.environ.get("OPENREG_DEVICE_PROFILE") or None  # the timing model's device profile (off)
 # The PyTorch integration (torch_openreg/)
 FALLBACK_FAST = _flag("OPENREG_FALLBACK_FAST", True)  # the global fallback's accelerations (aten/fast/)
 LAUNCH_SITES = _flag("OPENREG_LAUNCH_SITES", False)  # profiler: each launch names the Python line that made it

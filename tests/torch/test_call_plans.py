@@ -12,6 +12,7 @@ import torch
 
 from torch_openreg.aten import arguments, fallback
 from torch_openreg.aten.fast import call_plans
+from torch_openreg.aten.traits import traits_of
 
 DEV = torch.device("openreg", 0)
 
@@ -211,17 +212,18 @@ def _key_cases():
     }
 
 
+@pytest.mark.parametrize("placed", [True, False], ids=["placed", "not placed"])
 @pytest.mark.parametrize("name", list(_key_cases()))
-def test_python_and_the_bridge_give_one_call_shape(name):
+def test_python_and_the_bridge_give_one_call_shape(name, placed):
     """``arguments.call_key`` and ``_C._describe_call`` describe a call with the same key: the call shapes of
     the mechanism (routes, meta cache) and the call plans are one."""
     from torch_openreg import _C
 
     args, kwargs, by_type = _key_cases()[name]
-    described = _C._describe_call(args, kwargs, by_type)
+    described = _C._describe_call(args, kwargs, by_type, placed)
     assert described is not None
-    assert described[0] == arguments.call_key(args, kwargs, by_type)
-    assert hash(described[0]) == hash(arguments.call_key(args, kwargs, by_type))
+    assert described[0] == arguments.call_key(args, kwargs, by_type, placed)
+    assert hash(described[0]) == hash(arguments.call_key(args, kwargs, by_type, placed))
 
 
 def test_call_shapes_tell_apart_what_shapes_outputs():
@@ -230,6 +232,12 @@ def test_call_shapes_tell_apart_what_shapes_outputs():
     assert key((x, 2), {}) != key((x, 2.0), {}) != key((x, True), {})
     assert key((x, 2), {}) != key((x, 3), {}) and key((x, 2), {}, True) == key((x, 3), {}, True)
     assert key((x,), {}) != key((x.t(),), {}) != key((x[1:],), {})
+    # Where a tensor sits in its storage: part of the call shape only for operators whose outputs depend on it.
+    assert key((x[0],), {}) != key((x[1],), {}) and key((x[0],), {}, False, False) == key((x[1],), {}, False, False)
+    assert key((x[0],), {}, False, False) != key((x[0, :3],), {}, False, False)
+    traits = [traits_of(op).placed for op in (torch.ops.aten.sin.default, torch.ops.aten.sin.out,
+                                              torch.ops.aten.sin_.default, torch.ops.aten.unfold.default)]
+    assert traits == [False, True, True, True]  # fresh outputs; out=, in place, a view
     c = torch.randn(3, dtype=torch.complex64, device=DEV)
     assert key((c,), {}) != key((c.conj(),), {}) != key((torch._neg_view(c),), {})
     assert key((x, torch.tensor([0, 1])), {}) is not None  # CPU indices: keyed by their metadata
@@ -251,6 +259,7 @@ import torch
 import torch.nn.functional as F
 from torch_openreg import _C
 from torch_openreg.aten import arguments, fallback
+from torch_openreg.aten.traits import traits_of
 torch.manual_seed(0)
 x, w, t = torch.randn(2, 3, 8, 8), torch.randn(4, 3, 3, 3), torch.rand(2, 4, 6, 6)
 d = lambda v: v.to("openreg")
@@ -283,6 +292,7 @@ def test_the_cpu_allocator_is_installed_by_the_first_kernel_that_needs_it(run_py
 import torch
 from torch_openreg import _C
 from torch_openreg.aten import arguments, fallback
+from torch_openreg.aten.traits import traits_of
 print(type(fallback._path).__name__, _C._cpu_output_allocator_installed())
 x = torch.ones(2, 3, 8, 8, device="openreg")  # fill_ has a kernel of its own
 y = x + 1  # an out= kernel: no served outputs

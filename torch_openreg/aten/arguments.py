@@ -28,6 +28,11 @@ def device_of(traits: OpTraits, tensors: list[torch.Tensor], kwargs: dict) -> to
     CPU and meta tensors and the index for openreg ones.
     """
     index = -1
+    for name in traits.out_args:  # an out= tensor is written by the kernel: a CPU one is never a scalar operand
+        for t in tensors_of((kwargs.get(name),), {}):
+            if t.get_device() < 0:
+                raise RuntimeError(f"Expected all tensors to be on the same device, but the out= tensor '{name}' "
+                                   f"of {traits.name} is on {t.device} while its inputs are on openreg")
     for t in tensors:
         i = t.get_device()
         if i >= 0:
@@ -58,35 +63,37 @@ _DEVICES = [torch.device("openreg", i) for i in range(openreg.device_count())]
 
 
 # LITERALINCLUDE START: CALL KEY
-def call_key(args: tuple, kwargs: dict, numbers_by_type: bool = False) -> tuple | None:
+def call_key(args: tuple, kwargs: dict, numbers_by_type: bool = False, placed: bool = True) -> tuple | None:
     """The call shape: everything output metadata and the CPU kernel's checks depend on, one flat tuple.
 
     An openreg tensor is ``(device index, dtype, conj | neg << 1, storage offset, storage bytes,
-    *sizes, *strides)``; a CPU tensor ``(-1, dtype, *sizes, *strides)``; a number ``(type, value)``
+    *sizes, *strides)``, the offset and bytes 0 unless ``placed`` (``OpTraits.placed``: only views and
+    written arguments depend on them); a CPU tensor ``(-1, dtype, *sizes, *strides)``; a number ``(type, value)``
     (2, 2.0 and True are equal but promote differently; by type alone for ``numbers_by_type``); a list
     the tuple of its items' keys; a keyword argument ``(name, key)``; anything else itself. None when
     the call cannot be keyed: an argument cannot be hashed, or a CPU boolean mask (the meta run reads
     it: its count of True values is the output's length). ``csrc/call_args.cpp`` computes the same key.
     """
     try:
-        key = (*(_key(a, numbers_by_type) for a in args), *((k, _key(v, numbers_by_type)) for k, v in kwargs.items()))
+        key = (*(_key(a, numbers_by_type, placed) for a in args),
+               *((k, _key(v, numbers_by_type, placed)) for k, v in kwargs.items()))
         hash(key)
     except TypeError:
         return None
     return key
 
 
-def _key(value: Any, by_type: bool) -> Any:
+def _key(value: Any, by_type: bool, placed: bool) -> Any:
     if isinstance(value, torch.Tensor):
         index = value.get_device()
         if index >= 0:
-            return (index, value.dtype, value.is_conj() | value.is_neg() << 1, value.storage_offset(),
-                    value.untyped_storage().nbytes(), *value.shape, *value.stride())
+            where = (value.storage_offset(), value.untyped_storage().nbytes()) if placed else (0, 0)
+            return (index, value.dtype, value.is_conj() | value.is_neg() << 1, *where, *value.shape, *value.stride())
         if value.dim() and value.dtype in (torch.bool, torch.uint8):
             raise TypeError("a CPU mask: its values shape the outputs")
         return (-1, value.dtype, *value.shape, *value.stride())
     if isinstance(value, (list, tuple)):
-        return tuple(_key(v, by_type) for v in value)
+        return tuple(_key(v, by_type, placed) for v in value)
     if isinstance(value, NUMBERS):
         return type(value) if by_type else (type(value), value)
     return None if isinstance(value, torch.Generator) else value

@@ -30,6 +30,7 @@ import torch
 import openreg
 from torch_openreg import _C
 from torch_openreg.device import sync_debug
+from torch_openreg.timing import costs as timing_costs
 
 from . import cpu_rules
 from .arguments import (
@@ -50,6 +51,8 @@ from .traits import Kind, OpTraits, traits_of
 # LITERALINCLUDE START: FALLBACK
 def fallback(op: torch._ops.OpOverload, *args: Any, **kwargs: Any) -> Any:
     """Run ``op`` for openreg tensors: decide, launch, hand back."""
+    if openreg.timing.active:  # the timing model prices the launch this call makes (torch_openreg/timing)
+        timing_costs.price_op(op, args, kwargs)
     result = _path.run_known(op, args, kwargs)  # an acceleration's shortcut for a call shape it knows
     if result is not UNKNOWN:
         return result
@@ -112,7 +115,7 @@ def decide(op: torch._ops.OpOverload, traits: OpTraits, args: tuple, kwargs: dic
     args, kwargs = wrap_numbers(traits, args, kwargs)
     tensors = tensors_of(args, kwargs)
     device = device_of(traits, tensors, kwargs)
-    key = call_key(*given, traits.numbers_by_type)
+    key = call_key(*given, traits.numbers_by_type, traits.placed)
     if not traits.returns_tensors or traits.cpu_decides:
         route = Route.NOW
     else:

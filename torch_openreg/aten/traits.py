@@ -70,6 +70,10 @@ class OpTraits:
     functional: bool  # returns only fresh tensors and writes nothing
     returns_tensors: bool  # returns only tensors (else the host needs the values now)
     numbers_by_type: bool  # its numbers never shape its outputs (optimizers'): keyed by type alone
+    # Whether its outputs' metadata may depend on where its tensors sit in their storage: a view's offset does,
+    # and so do written arguments (overlap checks); fresh outputs do not, so the slices of a tensor (``x[i]``
+    # for each row) share one call shape (one meta run, one checking run, one plan), not one each.
+    placed: bool
     loss: bool  # has a ``reduction`` argument
     cpu_decides: bool  # CPU_DECIDES_OUTPUTS
     cpu_statistics: bool  # CPU_STATISTICS
@@ -128,6 +132,7 @@ def _read(op: torch._ops.OpOverload) -> OpTraits:
         # An optimizer's numbers (a learning rate, Adam's bias corrections) change every step but never the
         # output metadata: keying calls by their values would treat every step as a new call shape.
         numbers_by_type=schema.name.startswith(("aten::_foreach_", "aten::_fused_")),
+        placed=mutates or not returns or any(r.kind is not Kind.FRESH for r in returns),
         loss="reduction" in (a.name for a in arguments),
         cpu_decides=schema.name in CPU_DECIDES_OUTPUTS,
         cpu_statistics=schema.name in CPU_STATISTICS,

@@ -29,8 +29,10 @@ py::tuple extent(const at::Tensor& t) {
 py::handle dtype(const at::Tensor& t) { return reinterpret_cast<PyObject*>(torch::getTHPDtype(t.scalar_type())); }
 
 // An openreg tensor's call shape (arguments.call_key): (device index, dtype, conj | neg << 1, storage
-// offset, storage bytes, *sizes, *strides), one flat tuple.
-py::tuple tensor_key(const at::Tensor& t) {
+// offset, storage bytes, *sizes, *strides), one flat tuple. Without ``placed`` the storage offset and
+// size are 0: fresh outputs do not depend on where an input sits in its storage, so the slices of one
+// tensor share one call shape (traits.OpTraits.placed).
+py::tuple tensor_key(const at::Tensor& t, bool placed) {
   auto sizes = t.sizes();
   auto strides = t.strides();
   auto n = static_cast<size_t>(sizes.size());
@@ -38,8 +40,8 @@ py::tuple tensor_key(const at::Tensor& t) {
   key[0] = py::int_(t.device().index());
   key[1] = dtype(t);
   key[2] = py::int_((t.is_conj() ? 1 : 0) | (t.is_neg() ? 2 : 0));
-  key[3] = py::int_(t.storage_offset());
-  key[4] = py::int_(t.storage().nbytes());
+  key[3] = py::int_(placed ? t.storage_offset() : 0);
+  key[4] = py::int_(placed ? t.storage().nbytes() : 0);
   for (size_t i = 0; i < n; ++i) {
     key[5 + i] = py::int_(sizes[i]);
     key[5 + n + i] = py::int_(strides[i]);
@@ -50,6 +52,7 @@ py::tuple tensor_key(const at::Tensor& t) {
 
 struct Description {
   bool numbers_by_type;
+  bool placed;
   py::list extents;
 };
 
@@ -76,7 +79,7 @@ bool describe(const py::handle& value, Description& d, py::object& key, py::obje
   if (THPVariable_Check(obj)) {
     const at::Tensor& t = THPVariable_Unpack(obj);
     if (t.device().is_privateuseone()) {
-      key = tensor_key(t);
+      key = tensor_key(t, d.placed);
       host = wrap(host_view(t));
       d.extents.append(extent(t));
       return true;
@@ -122,8 +125,8 @@ bool describe(const py::handle& value, Description& d, py::object& key, py::obje
 
 // LITERALINCLUDE START: DESCRIBE CALL
 // [call shape, host args, host kwargs, extents] of a call, or None when the general path must take it.
-py::object describe_call(const py::tuple& args, const py::dict& kwargs, bool numbers_by_type) {
-  Description d{numbers_by_type, py::list()};
+py::object describe_call(const py::tuple& args, const py::dict& kwargs, bool numbers_by_type, bool placed) {
+  Description d{numbers_by_type, placed, py::list()};
   auto n = static_cast<size_t>(args.size());
   py::tuple key(n + kwargs.size());
   py::tuple host_args(n);

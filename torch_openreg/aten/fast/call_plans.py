@@ -113,11 +113,11 @@ class Served(Plan):
 class _OpPlans:
     """An operator's kind of plan and its plans by call shape."""
 
-    __slots__ = ("traits", "numbers_by_type", "kind", "out", "plans")
+    __slots__ = ("traits", "numbers_by_type", "placed", "kind", "out", "plans")
 
     def __init__(self, traits: OpTraits, kind: type[Plan], out: tuple | None) -> None:
         self.traits, self.kind, self.out, self.plans = traits, kind, out, {}
-        self.numbers_by_type = traits.numbers_by_type
+        self.numbers_by_type, self.placed = traits.numbers_by_type, traits.placed
 
 
 def _plans_of(op: torch._ops.OpOverload) -> _OpPlans | None:
@@ -154,7 +154,7 @@ def run_known(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
         entry = _plans_of(op)
     if entry is None:
         return UNKNOWN
-    described = _C._describe_call(args, kwargs, entry.numbers_by_type)
+    described = _C._describe_call(args, kwargs, entry.numbers_by_type, entry.placed)
     if described is None:  # an argument only the general path takes (a CPU tensor that is not a 0-dim scalar)
         return UNKNOWN
     try:
