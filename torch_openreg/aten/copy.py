@@ -13,7 +13,7 @@ import torch
 import openreg
 from torch_openreg import _C
 from torch_openreg.device import sync_debug
-from torch_openreg.memory import host_allocator
+from torch_openreg.memory import host_allocator, owner
 from torch_openreg.timing import costs as timing_costs
 
 from .launch import host_view, launch, run_sync
@@ -125,9 +125,6 @@ def copy_from_and_resize(src: torch.Tensor, dst: torch.Tensor) -> torch.Tensor:
 
 def record_stream(t: torch.Tensor, stream: torch.Stream) -> None:
     """``Tensor.record_stream``: the caching allocator keeps ``t``'s block until ``stream``'s work is done."""
-    import openreg
-    from torch_openreg.memory import owner
-
     ptr = t.untyped_storage().data_ptr()
     if ptr:
         owner(ptr).record_stream(ptr, openreg.get_stream(stream.device_index, stream.stream_id))
