@@ -87,42 +87,39 @@ def breakdown(repeat: int) -> list[list[str]]:
         marks.append(time.perf_counter_ns())
         return previous(name, device, stream_id) if previous is not None else None
 
-    def timed_add() -> None:
-        start = time.perf_counter_ns()
-        a + b
-        end = time.perf_counter_ns()
-        marks.extend((start, end))
-
     previous = openreg.stream.set_launch_hook(hook)
+    before, after, wait = [], [], []
     try:
-        before, after = [], []
         for _ in range(repeat * 20):
             marks.clear()
-            timed_add()
-            queued, start, end = marks
-            before.append(queued - start)
-            after.append(end - queued)
-            if len(before) % 50 == 0:
-                sync()
+            start = time.perf_counter_ns()
+            a + b
+            end = time.perf_counter_ns()
+            sync()
+            wait.append(time.perf_counter_ns() - end)
+            before.append(marks[0] - start)
+            after.append(end - marks[0])
     finally:
         openreg.stream.set_launch_hook(previous)
-        sync()
-    to_us = 1e-3
-    rows = [["dispatch, call plan, output allocation (until the launch)", f"{statistics.median(before) * to_us:.1f}"],
-            ["  of which allocation and free (torch.empty_like)", f"{_best(lambda: torch.empty_like(a), repeat, 200) * 1e6:.1f}"],
-            ["queue (Stream.launch) and return", f"{statistics.median(after) * to_us:.1f}"],
-            ["  of which Stream.launch of an empty kernel", f"{_best(lambda: stream.launch(int, buffers=extents), repeat, 50) * 1e6:.1f}"]]
-    launch = _best(lambda: a + b, repeat, 50)
-    launch_sync = _best(lambda: (a + b, sync()), repeat, 50)
+
+    def us(seconds: float) -> str:
+        return f"{seconds * 1e6:.1f}"
+
+    alloc = _best(lambda: torch.empty_like(a), repeat, 200)
+    queue = _best(lambda: stream.launch(int, buffers=extents), repeat, 50)
+    bare = _best(lambda: stream.launch(int), repeat, 50)
     empty = _best(lambda: (stream.launch(int), stream.synchronize()), repeat, 50)
     paged = _best(lambda: (stream.launch(int, buffers=extents), stream.synchronize()), repeat, 50)
     cpu_kernel = _best(lambda: torch.add(ac, bc, out=ac.new_empty(16)), repeat, 200)
-    rows += [["wait: synchronize running the queued kernel", f"{(launch_sync - launch) * 1e6:.1f}"],
-             ["  of which the stream's bookkeeping (empty kernel, no pages)", f"{(empty - _best(lambda: stream.launch(int), repeat, 50)) * 1e6:.1f}"],
-             ["  of which opening and closing one page (mprotect pair)", f"{(paged - empty) * 1e6:.1f}"],
-             ["  of which the CPU kernel (add.out on 16 floats)", f"{cpu_kernel * 1e6:.1f}"],
-             ["copy back: a.cpu() of a ready tensor", f"{_best(lambda: a.cpu(), repeat, 50) * 1e6:.1f}"]]
-    return rows
+    return [["dispatch, call plan, output allocation (until the launch)", us(statistics.median(before) * 1e-9)],
+            ["  of which allocation and free (torch.empty_like)", us(alloc)],
+            ["queue (Stream.launch) and return", us(statistics.median(after) * 1e-9)],
+            ["  of which Stream.launch of an empty kernel", us(queue)],
+            ["wait: synchronize running the queued kernel", us(statistics.median(wait) * 1e-9)],
+            ["  of which the stream's bookkeeping (empty kernel, no pages)", us(empty - bare)],
+            ["  of which opening and closing one page (mprotect pair)", us(paged - empty)],
+            ["  of which the CPU kernel (add.out on 16 floats)", us(cpu_kernel)],
+            ["copy back: a.cpu() of a ready tensor", us(_best(lambda: a.cpu(), repeat, 50))]]
 # LITERALINCLUDE END: BENCH BREAKDOWN
 
 
@@ -169,18 +166,16 @@ def sweep(quick: bool, repeat: int) -> list[tuple[str, int, float, float]]:
     rows = []
     adds = [1 << k for k in range(4, 13 if quick else 25, 2)]
     mms = [1 << k for k in range(2, 7 if quick else 12)]
-    for numel in adds:
-        make = lambda d, n=numel: (lambda x=torch.randn(n).to(d): x + x)  # noqa: E731
-        dev = make("openreg")
-        t = interleaved({"openreg": lambda f=dev: (f(), sync()), "cpu": make("cpu")}, repeat,
-                        1 if numel > 1 << 18 else 20)
-        rows.append(("add", numel, t["openreg"], t["cpu"]))
-    for side in mms:
-        make = lambda d, n=side: (lambda x=torch.randn(n, n).to(d): x @ x)  # noqa: E731
-        dev = make("openreg")
-        t = interleaved({"openreg": lambda f=dev: (f(), sync()), "cpu": make("cpu")}, repeat,
-                        1 if side > 256 else 10)
-        rows.append(("matmul", side * side, t["openreg"], t["cpu"]))
+    for op, sizes in (("add", adds), ("matmul", mms)):
+        for size in sizes:
+            shape = (size,) if op == "add" else (size, size)
+            x, xc = torch.randn(shape).to("openreg"), torch.randn(shape)
+            fns = ({"openreg": lambda x=x: (x + x, sync()), "cpu": lambda x=xc: x + x} if op == "add" else
+                   {"openreg": lambda x=x: (x @ x, sync()), "cpu": lambda x=xc: x @ x})
+            numel = x.numel()
+            t = interleaved(fns, repeat, 1 if numel > 1 << 18 else 20)
+            rows.append((op, numel, t["openreg"], t["cpu"]))
+            del x, xc, fns
     return rows
 # LITERALINCLUDE END: BENCH SWEEP
 
