@@ -4,8 +4,8 @@ The API mirrors the CUDA runtime (see docs/runtime.md for the table). It never
 imports torch: PyTorch is one client of this runtime, through ``torch_openreg``.
 """
 
-from . import activity, fault  # noqa: F401  (openreg.activity: what ran when, for utilization)
-from .copy import MemcpyKind, memcpy, memcpy_async
+from . import activity, fault, timing  # noqa: F401  (openreg.activity: what ran when, for utilization)
+from .copy import MemcpyKind, memcpy, memcpy_async, memcpy_dtoh, memcpy_htod
 from .device import (
     DeviceProperties,
     device_capacity,
@@ -53,9 +53,11 @@ def malloc(size: int, device: int | None = None) -> int:
     return _malloc(size, get_device() if device is None else device)
 
 
-def launch(fn, *args, buffers=(), stream: Stream | None = None, name: str = "kernel") -> int:
-    """Queue ``fn(*args)`` on ``stream`` (the current stream by default) with ``buffers`` opened."""
-    return (stream or current_stream()).launch(fn, *args, buffers=buffers, name=name)
+def launch(fn, *args, buffers=(), stream: Stream | None = None, name: str = "kernel",
+           cost: timing.Cost | None = None) -> int:
+    """Queue ``fn(*args)`` on ``stream`` (the current stream by default) with ``buffers`` opened; ``cost`` is
+    what the timing model charges for it when simulated time is on (``openreg.timing``)."""
+    return (stream or current_stream()).launch(fn, *args, buffers=buffers, name=name, cost=cost)
 
 
 __all__ = [
@@ -65,6 +67,6 @@ __all__ = [
     "PRIORITY_HIGH", "PRIORITY_LOW", "PointerAttributes", "Stream", "add_launch_observer",
     "current_stream", "default_stream", "device_capacity", "device_count", "exchange_device", "free",
     "get_device", "get_device_properties", "get_stream", "host_free", "host_malloc", "launch", "malloc",
-    "mem_get_info", "memcpy", "memcpy_async", "memory_used", "pointer_attributes",
+    "mem_get_info", "memcpy", "memcpy_async", "memcpy_dtoh", "memcpy_htod", "memory_used", "pointer_attributes",
     "remove_launch_observer", "set_device", "set_launch_hook", "set_stream", "synchronize",
 ]

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import ctypes
 import enum
+import os
 
-from . import memory
+from . import memory, timing
 from .errors import ErrorCode, OpenRegError
 from .stream import Stream, current_stream
 
@@ -59,14 +60,106 @@ def memcpy_async(dst: int, src: int, nbytes: int, kind: MemcpyKind, stream: Stre
     """Queue a copy of ``nbytes`` on ``stream`` (default: current stream of the device side)."""
     default, buffers = _check(dst, src, nbytes, kind)
     if nbytes:
-        (stream or default).launch(ctypes.memmove, dst, src, nbytes, buffers=buffers, name="memcpy")
+        cost = _cost(nbytes, kind) if timing.active else None
+        (stream or default).launch(ctypes.memmove, dst, src, nbytes, buffers=buffers, name="memcpy", cost=cost)
 
 
 def memcpy(dst: int, src: int, nbytes: int, kind: MemcpyKind) -> None:
     """Copy and wait for the copy (and the work queued before it on that stream)."""
     stream, buffers = _check(dst, src, nbytes, kind)
     if nbytes:
-        seq = stream.launch(ctypes.memmove, dst, src, nbytes, buffers=buffers, name="memcpy")
+        cost = _cost(nbytes, kind) if timing.active else None
+        seq = stream.launch(ctypes.memmove, dst, src, nbytes, buffers=buffers, name="memcpy", cost=cost)
         stream.wait_for(seq)
         stream.check_error()
 # LITERALINCLUDE END: RUNTIME MEMCPY
+
+
+def _cost(nbytes: int, kind: MemcpyKind) -> timing.Cost:
+    """What the timing model charges a copy: host copies cross the host link (the runtime's host
+    memory is pinned); device copies read and write device memory."""
+    if kind == MemcpyKind.HOST_TO_DEVICE:
+        return timing.Cost("copy", bytes=nbytes, link="h2d")
+    if kind == MemcpyKind.DEVICE_TO_HOST:
+        return timing.Cost("copy", bytes=nbytes, link="d2h")
+    return timing.Cost("copy", bytes=2 * nbytes)
+
+
+# LITERALINCLUDE START: COPY ENGINE
+class _CopyEngine:
+    """The device's copy engine: moves bytes between host and device memory without opening device pages
+    to the host. Kernels need their pages open (host code runs them); a synchronous copy does not, as
+    a DMA engine reads device memory while the CPU still cannot. Simulated with ``/proc/self/mem``, whose
+    reads and writes reach pages the process itself may not touch; where it cannot be opened (another
+    OS, a sandbox), ``available`` is False and copies run as kernels."""
+
+    def __init__(self) -> None:
+        self.fd, self.pid = -1, 0
+
+    def _file(self) -> int:
+        pid = os.getpid()
+        if self.pid != pid:  # a forked child inherits the parent's file, which reads the parent's memory
+            try:
+                self.fd = os.open("/proc/self/mem", os.O_RDWR | os.O_CLOEXEC)
+            except OSError:
+                self.fd = -1
+            self.pid = pid
+        return self.fd
+
+    @property
+    def available(self) -> bool:
+        return self._file() >= 0
+
+    def read(self, ptr: int, nbytes: int) -> bytearray:
+        out = bytearray(nbytes)
+        if nbytes and os.preadv(self._file(), [out], ptr) != nbytes:
+            raise OpenRegError(ErrorCode.LAUNCH_FAILURE, f"copy engine: short read of {nbytes} bytes at 0x{ptr:x}")
+        return out
+
+    def write(self, ptr: int, data) -> None:
+        view = memoryview(data).cast("B")
+        if view.nbytes and os.pwrite(self._file(), view, ptr) != view.nbytes:
+            raise OpenRegError(ErrorCode.LAUNCH_FAILURE,
+                               f"copy engine: short write of {view.nbytes} bytes at 0x{ptr:x}")
+
+
+_engine = _CopyEngine()
+
+
+def _device_extent(ptr: int, nbytes: int, stream: Stream | None) -> Stream:
+    """Check that ``nbytes`` at ``ptr`` are live device memory; the stream that orders the copy."""
+    alloc = _side(ptr, nbytes, True, "device side")
+    if alloc.free_pending:
+        raise OpenRegError(ErrorCode.INVALID_POINTER, f"copy names 0x{ptr:x}, which is not live openreg memory")
+    return stream or current_stream(alloc.device)
+
+
+def _refuse_in_capture(stream: Stream, name: str) -> None:
+    """A synchronous copy cannot be captured (``cudaErrorStreamCaptureUnsupported``): refused under the
+    caller's name, as ``Stream.run_here`` refuses a kernel the host runs now."""
+    if stream._q.capture is not None:
+        stream._q.capture.refuse(stream._q, f"{name}, a synchronous call,")
+
+
+def memcpy_dtoh(src: int, nbytes: int, stream: Stream | None = None, name: str = "memcpy") -> bytearray | None:
+    """``cudaMemcpy`` device to host into a new host buffer: waits for ``stream``'s earlier work (running it
+    here, reporting its errors), then the copy engine reads the bytes. None when there is no copy engine."""
+    if not _engine.available:
+        return None
+    stream = _device_extent(src, nbytes, stream)
+    _refuse_in_capture(stream, name)
+    stream.synchronize()
+    return stream.transfer(name, _engine.read, src, nbytes)
+
+
+def memcpy_htod(dst: int, data, stream: Stream | None = None, name: str = "memcpy") -> bool:
+    """``cudaMemcpy`` host to device from a buffer: after ``stream``'s earlier work (which may still read
+    the old bytes), the copy engine writes. False (nothing done) when there is no copy engine."""
+    if not _engine.available:
+        return False
+    stream = _device_extent(dst, memoryview(data).nbytes, stream)
+    _refuse_in_capture(stream, name)
+    stream.synchronize()
+    stream.transfer(name, _engine.write, dst, data)
+    return True
+# LITERALINCLUDE END: COPY ENGINE

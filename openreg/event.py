@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+from . import timing
 from .device import check_device, get_device
 from .errors import ErrorCode, OpenRegError
 from .stream import Stream, _Queue, current_stream
@@ -18,6 +19,7 @@ class Event:
         self._queue: _Queue | None = None
         self._seq = 0
         self._time_ns: int | None = None
+        self._sim_time: float | None = None  # simulated seconds at the record, when simulated time is on
         self.capture = None  # the graph capture (openreg.graph) the last record was made into, if any
         self.point = None  # where in that capture
 
@@ -42,10 +44,11 @@ class Event:
             return  # a point of the capture, for the streams that fork from or join it
         self.capture = None
         if self.enable_timing:
-            self._seq = stream.launch(self._stamp, name="event_record")
+            self._seq = stream.launch(self._stamp, name="event_record", cost=timing.FREE)
         else:
             self._seq = stream.launched
         self._queue = stream._q
+        self._sim_time = timing.stream_time(stream) if timing.active else None
 
     def _stamp(self) -> None:
         self._time_ns = time.perf_counter_ns()
@@ -94,4 +97,13 @@ class Event:
             )
         if not (self.query() and end.query()):
             raise OpenRegError(ErrorCode.NOT_READY, "elapsed_time: an event has not completed yet; synchronize first")
+        # LITERALINCLUDE START: EVENT SIMULATED TIME
+        if (self._sim_time is None) != (end._sim_time is None):
+            raise OpenRegError(
+                ErrorCode.INVALID_VALUE,
+                "elapsed_time: one event was recorded with simulated time on and the other with it off",
+            )
+        if self._sim_time is not None:  # the timing model's clock (openreg/timing): simulated milliseconds
+            return (end._sim_time - self._sim_time) * 1e3
+        # LITERALINCLUDE END: EVENT SIMULATED TIME
         return (end._time_ns - self._time_ns) / 1e6

@@ -37,7 +37,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any, NoReturn
 
-from . import memory
+from . import memory, timing
 from .device import device_count
 from .errors import ErrorCode, OpenRegError
 from .stream import Stream, _Queue, default_stream
@@ -54,11 +54,12 @@ class CaptureMode(enum.Enum):
 class Node:
     """One recorded launch: the kernel, its arguments and buffers, and the nodes it must follow."""
 
-    __slots__ = ("fn", "args", "buffers", "name", "stream", "after")
+    __slots__ = ("fn", "args", "buffers", "name", "stream", "after", "cost")
 
     def __init__(self, fn: Callable[..., Any], args: tuple, buffers: tuple, name: str, stream: int,
                  after: tuple[int, ...]) -> None:
         self.fn, self.args, self.buffers, self.name, self.stream, self.after = fn, args, buffers, name, stream, after
+        self.cost = None  # the launch's cost, for the timing model (set when simulated time is on)
 
 
 # LITERALINCLUDE START: RUNTIME GRAPH
@@ -106,7 +107,9 @@ class Graph:
                     f"graph launch on openreg:{self.device}: the allocation at 0x{alloc.ptr:x} ({alloc.size} bytes), "
                     "which captured kernels use, was freed",
                 )
-        return stream.launch(_replay, kernels, names, buffers=buffers, name=f"graph ({len(kernels)} kernels)")
+        cost = timing.graph_cost([node.cost for node in self.nodes]) if timing.active else None
+        return stream.launch(_replay, kernels, names, buffers=buffers, name=f"graph ({len(kernels)} kernels)",
+                             cost=cost)
 
     def release(self) -> None:
         """Drop the recording and unpin its memory (``cudaGraphDestroy``); launching it afterwards raises."""

@@ -26,7 +26,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from . import activity, memory
+from . import activity, memory, timing
 from .device import check_device, device_count, forked, get_device, start
 from .errors import ErrorCode, OpenRegError, launch_failure
 
@@ -170,7 +170,7 @@ class _Queue:
     # LITERALINCLUDE END: STREAM RUN
 
     # LITERALINCLUDE START: STREAM WAIT
-    def wait_for(self, seq: int, settle: bool = True) -> None:
+    def wait_for(self, seq: int, settle: bool = True, simulated: bool = True) -> None:
         """Block until launch ``seq`` has finished, running queued work here when the worker is idle.
 
         A host that has waited for everything finds device memory closed again: it closes what
@@ -182,6 +182,8 @@ class _Queue:
             start()  # raises: the workers did not survive the fork
         if settle and self.capture is not None:
             self.capture.refuse(self, "a host wait")  # a capture cannot wait (openreg.graph)
+        if timing.active and settle and simulated:  # the timing model: the host is at that launch's end now
+            timing.host_waits(self.device, self.id, seq)
         scope = None  # the kernel context, entered once this host runs an item itself
         lock = self.lock  # the conditions' lock, taken directly: cheaper than entering a Condition
         me = 0
@@ -342,18 +344,23 @@ class Stream:
         return f"openreg.Stream(device={self.device}, id={self.id}, priority={self.priority})"
 
     # LITERALINCLUDE START: STREAM LAUNCH
-    def launch(self, fn: Callable[..., Any], *args: Any, buffers: tuple | list = (), name: str = "kernel") -> int:
+    def launch(self, fn: Callable[..., Any], *args: Any, buffers: tuple | list = (), name: str = "kernel",
+               cost: timing.Cost | None = None) -> int:
         """Queue ``fn(*args)``; ``buffers`` are what it may touch: pointers or ``(pointer, nbytes)`` extents.
 
         Returns the launch's sequence number on this stream. The buffers are pinned
         at once (a free before the work ends is deferred) and opened to the host
         when ``fn`` runs; they are closed again by the time the host has synchronized.
+        ``cost`` (FLOPs, bytes, kind) is what the timing model prices, when simulated time is on.
         """
         start()
         q = self._q
         if q.capture is not None:  # a graph capture records the launch instead (openreg.graph)
-            seq = q.capture.record(q, fn, args, buffers, name)
+            capture = q.capture
+            seq = capture.record(q, fn, args, buffers, name)
             if seq is not None:
+                if timing.active:  # the timing model: the recorded kernel keeps its cost for the replays
+                    timing.captured(capture.graph, name, cost)
                 return seq
         tag = _launch_hook(name, self.device, self.id) if _launch_hook is not None else None
         spans = memory.acquire(buffers) if buffers else []
@@ -367,13 +374,17 @@ class Stream:
                 q.worker.start()
             if q.idle:
                 q.wake.notify()
-        if LAUNCH_BLOCKING:
-            self.synchronize()
+        if timing.active:  # the timing model: this launch's simulated start and end (openreg/timing)
+            timing.launched(self, seq, name, cost, tag)
+        if LAUNCH_BLOCKING:  # a debugging setting's wait, not the program's: simulated time ignores it
+            q.wait_for(q.launched, simulated=False)
+            self.check_error()
         return seq
     # LITERALINCLUDE END: STREAM LAUNCH
 
     # LITERALINCLUDE START: STREAM RUN HERE
-    def run_here(self, fn: Callable[..., Any], *args: Any, buffers: tuple | list = (), name: str = "kernel") -> Any:
+    def run_here(self, fn: Callable[..., Any], *args: Any, buffers: tuple | list = (), name: str = "kernel",
+                 cost: timing.Cost | None = None) -> Any:
         """Launch ``fn(*args)`` and run it on the calling thread, in stream order: a launch followed by a
         synchronize, where the caller runs the kernel itself. Returns ``fn``'s result; an earlier kernel's
         error is reported first (LAUNCH_FAILURE), then ``fn``'s own exception is raised as it is, and
@@ -392,8 +403,11 @@ class Stream:
             item.seq = q.launched
             q.items.append(item)
             q.last_launch = time.monotonic()
+        simulated = True  # whether the timing model's host waits too (not for a simulator-only check)
+        if timing.active:  # the timing model: this launch's simulated start and end (openreg/timing)
+            simulated = timing.launched(self, item.seq, name, cost, tag)
         try:
-            q.wait_for(item.seq)
+            q.wait_for(item.seq, simulated=simulated)
         finally:
             if item.outcome is None:  # interrupted (KeyboardInterrupt) before it ran: an ordinary launch now
                 with q.lock:
@@ -405,6 +419,19 @@ class Stream:
             raise value
         return value
     # LITERALINCLUDE END: STREAM RUN HERE
+
+    def transfer(self, name: str, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run a copy engine's transfer ``fn(*args)`` now, on the calling thread (the caller has waited for
+        the stream's earlier work): no kernel, but profilers and utilization see it as this stream's
+        activity, as CUPTI reports a ``cudaMemcpy``."""
+        tag = _launch_hook(name, self.device, self.id) if _launch_hook is not None else None
+        started = time.perf_counter_ns()
+        try:
+            return fn(*args)
+        finally:
+            activity.record(self.device, started, time.perf_counter_ns(), name)
+            if _observers:
+                self._q._observe(_Item(fn, args, [], name, 0, tag), started)
 
     def wait_for(self, seq: int) -> None:
         """Block until launch number ``seq`` on this stream has finished."""
@@ -435,13 +462,15 @@ class Stream:
         capture = self._q.capture or event.capture
         if capture is not None and capture.wait_event(self._q, event):
             return  # a fork or join of a graph capture (openreg.graph)
+        if timing.active:  # the timing model: this stream's simulated time catches up with the event's
+            timing.stream_waits(self, event._sim_time)
         target = event.pending()
         if target is None:
             return  # never recorded or already complete: nothing to wait for
         queue, seq = target
         if queue is self._q:
             return  # in-order already
-        self.launch(queue.wait_for, seq, False, name="wait_event")
+        self.launch(queue.wait_for, seq, False, name="wait_event", cost=timing.FREE)
 
 
 def _report(q: _Queue) -> None:

@@ -248,5 +248,8 @@ def graph_call(method: str, impl: object, *args: object) -> object:
 # LITERALINCLUDE START: BRIDGE LAUNCH
 def launch(device: int, kernel, buffers: list[int], name: str) -> None:
     """Queue a C++ kernel (a callable from the bridge) on ``device``'s current stream."""
-    openreg.current_stream(_dev(device)).launch(kernel, buffers=buffers, name=name)
+    cost = None
+    if openreg.timing.active:  # the timing model: an elementwise kernel over the storages it touches
+        cost = openreg.timing.Cost("elementwise", bytes=float(sum(n for _, n in buffers)))
+    openreg.current_stream(_dev(device)).launch(kernel, buffers=buffers, name=name, cost=cost)
 # LITERALINCLUDE END: BRIDGE LAUNCH

@@ -232,3 +232,45 @@ def test_rejected_copies_leave_memory_untouched(dev, payload):
     _expect(ErrorCode.INVALID_VALUE, d, src_ptr, 101, H2D)
     openreg.memcpy(dst_ptr, d, 100, D2H)
     assert dst.raw[:100] == bytes(100)
+
+
+# The copy engine: synchronous host<->device copies that never open device pages to the host.
+def _opened(ptr: int) -> dict:
+    from openreg import memory
+
+    return dict(memory.find(ptr).open)
+
+
+def test_copy_engine_round_trip_keeps_pages_closed(dev, payload):
+    d = dev()
+    assert openreg.memcpy_htod(d, payload)
+    assert _opened(d) == {}
+    assert bytes(openreg.memcpy_dtoh(d, N)) == payload
+    assert _opened(d) == {}
+    assert bytes(openreg.memcpy_dtoh(d + 5000, 100)) == payload[5000:5100]  # an interior extent
+
+
+def test_copy_engine_is_ordered_after_the_stream_and_reports_its_errors(dev, payload):
+    d = dev()
+    src, src_ptr = host(payload)
+    openreg.memcpy(d, src_ptr, N, H2D)
+    stream = openreg.Stream()
+    stream.launch(lambda: ctypes.memset(d, 0xAB, 8), buffers=[d])  # queued: the read must see it
+    assert bytes(openreg.memcpy_dtoh(d, 16, stream)) == b"\xab" * 8 + payload[8:16]
+    with pytest.raises(OpenRegError) as info:  # (OPENREG_LAUNCH_BLOCKING: raised by the launch itself)
+        stream.launch(lambda: 1 / 0, name="bad")
+        openreg.memcpy_dtoh(d, 16, stream)
+    assert info.value.code == ErrorCode.LAUNCH_FAILURE and "bad" in str(info.value)
+    assert bytes(openreg.memcpy_dtoh(d, 16, stream)) == b"\xab" * 8 + payload[8:16]  # reported once
+
+
+def test_copy_engine_refuses_what_is_not_live_device_memory(dev):
+    d = dev(64)
+    buf, ptr = host(64)
+    for call in (lambda: openreg.memcpy_dtoh(ptr, 8), lambda: openreg.memcpy_htod(ptr, b"x" * 8)):
+        with pytest.raises(OpenRegError) as info:
+            call()
+        assert info.value.code == ErrorCode.INVALID_MEMCPY_DIRECTION
+    with pytest.raises(OpenRegError) as info:
+        openreg.memcpy_dtoh(d, 1 << 20)
+    assert info.value.code == ErrorCode.INVALID_VALUE

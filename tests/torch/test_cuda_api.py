@@ -281,9 +281,10 @@ _HOST_WAITS = {
     "stream synchronize": lambda t: dev.current_stream().synchronize(),
     "event synchronize": lambda t: dev.current_stream().record_event().synchronize(),
 }
-_NAMES = {"item": "_local_scalar_dense", "cpu": "pageable", "tolist": "pageable", "nonzero": "aten::nonzero",
+_NAMES = {"item": "_local_scalar_dense", "cpu": "blocking copy to the host",
+          "tolist": "blocking copy to the host", "nonzero": "aten::nonzero",
           "boolean index": "aten::index", "equal": "_local_scalar_dense|aten::equal",
-          "pageable copy to device": "from pageable host memory", "synchronize": "synchronize",
+          "pageable copy to device": "blocking copy from the host", "synchronize": "synchronize",
           "stream synchronize": "stream synchronize", "event synchronize": "event synchronize"}
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import unittest
 
+import pytest
 import torch
 from torch.testing._internal.common_device_type import (
     PrivateUse1TestBase,
@@ -152,3 +153,30 @@ def test_without_the_device_base_the_error_lands_in_the_next_test(run_python) ->
     assert _outcome(output, "test_a_leaves_a_kernel_error") == "ok", output[-3000:]
     assert _outcome(output, "test_b_clean") == "ERROR", output[-3000:]
     assert _outcome(output, "test_c_fits_in_device_memory") == "skipped 'Unknown device type'"
+
+
+def _run_call_cases(run_python, device: str) -> str:
+    import torch_openreg.testing
+
+    env = {"PYTORCH_TESTING_DEVICE_ONLY_FOR": device, "CI": "", "TORCH_TEST_DEVICES": torch_openreg.testing.DEVICE_BASE}
+    result = run_python(
+        "import runpy, sys; sys.argv = ['call_cases.py', '-v']; "
+        "runpy.run_path('tests/torch/pytorch_style/call_cases.py', run_name='__main__')",
+        env=env, timeout=240,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stderr
+
+
+@pytest.mark.parametrize("device", ["cpu", "openreg"])
+def test_pytorch_style_calls_behave_as_on_the_cpu(run_python, device) -> None:
+    """The PyTorch-style file of call errors, warnings and CPU-equal results passes on the CPU and on openreg
+    alike: every check raises (with the CPU's type and message) or warns at the call on both."""
+    output = _run_call_cases(run_python, device)
+    assert "Ran 9 tests" in output and "FAILED" not in output, output[-3000:]
+    outcomes = {line.split(" (")[0]: line.rsplit("... ", 1)[1] for line in output.splitlines()
+                if line.startswith("test_") and "... " in line}
+    suffix = "openreg" if device == "openreg" else "cpu"
+    expected_skip = {f"test_out_on_another_device_{suffix}"} if device == "cpu" else set()
+    assert {t for t, o in outcomes.items() if o.startswith("skipped")} == expected_skip, outcomes
+    assert all(o == "ok" for t, o in outcomes.items() if t not in expected_skip), outcomes

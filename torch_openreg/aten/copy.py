@@ -14,6 +14,7 @@ import openreg
 from torch_openreg import _C
 from torch_openreg.device import sync_debug
 from torch_openreg.memory import host_allocator
+from torch_openreg.timing import costs as timing_costs
 
 from .launch import host_view, launch, run_sync
 
@@ -30,6 +31,8 @@ def copy_from(src: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False) 
     alias of its storage (``_C._cpu_alias``), which keeps the host buffer alive until the copy has
     run and carries no autograd state (``dst`` may be a tensor autograd already tracks).
     """
+    if openreg.timing.active:  # the timing model prices the copy's launch (torch_openreg/timing)
+        timing_costs.price_copy(src, dst, non_blocking)
     if src.get_device() >= 0 and dst.get_device() >= 0:
         if src.device == dst.device:
             launch(dst.device.index, _copy_into, host_view(dst), host_view(src), tensors=(dst, src), name="copy_d2d")
@@ -56,12 +59,62 @@ def copy_from(src: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False) 
         # The pinned block must not be handed out again before this copy has run.
         host_allocator.record_event(host.untyped_storage().data_ptr(), stream)
     else:
-        # Pageable host memory: the copy waits for itself (as cudaMemcpy from pageable memory does).
+        # A blocking copy, or pageable host memory: the copy waits for itself (as cudaMemcpy does).
         if sync_debug.mode:
-            sync_debug.check(f"copy {'to' if host is dst else 'from'} pageable host memory (aten::_copy_from)")
-        run_sync(device, _copy_into, *args, tensors=tensors, name="copy")
+            sync_debug.check(f"a blocking copy {'to' if host is dst else 'from'} the host (aten::_copy_from)")
+        if not (_engine_dtoh(src, dst) if host is dst else _engine_htod(src, dst)):
+            run_sync(device, _copy_into, *args, tensors=tensors, name="copy")
     return dst
 # LITERALINCLUDE END: COPY FROM
+
+
+# LITERALINCLUDE START: ENGINE COPIES
+ENGINE_MAX = 1 << 20  # larger copies open the pages and copy on the host: ``mprotect`` is cheap next to them
+
+
+def _extent(t: torch.Tensor) -> int | None:
+    """Bytes from ``t``'s first element to its last, for the copy engine; None when it does not apply
+    (a layout other than strided, quantized, negative strides, too large)."""
+    if t.layout != torch.strided or t.is_quantized or any(s < 0 for s in t.stride()) or openreg.timing.active:
+        return None  # (the timing model prices copies as launches: under simulate() they take that path)
+    span = (1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride()))) * t.element_size() if t.numel() else 0
+    return span if span <= ENGINE_MAX else None
+
+
+def _read(src: torch.Tensor, name: str = "copy") -> torch.Tensor | None:
+    """A host tensor with ``src``'s values read by the copy engine after the stream's earlier work (lazy
+    conjugate/negative bits kept); None when the engine does not apply."""
+    nbytes = _extent(src)
+    if nbytes is None or src.numel() == 0:
+        return None
+    data = openreg.memcpy_dtoh(src.data_ptr(), nbytes, openreg.current_stream(src.device.index), name)
+    if data is None:
+        return None
+    host = torch.frombuffer(data, dtype=src.dtype).as_strided(src.shape, src.stride())
+    if src.is_conj():
+        host = host.conj()
+    return torch._neg_view(host) if src.is_neg() else host
+
+
+def _engine_dtoh(src: torch.Tensor, dst: torch.Tensor) -> bool:
+    """A small device-to-host copy through the copy engine: no kernel, no page opened to the host."""
+    host = _read(src)
+    if host is None:
+        return False
+    _C._cpu_alias(dst).copy_(host)
+    return True
+
+
+def _engine_htod(src: torch.Tensor, dst: torch.Tensor) -> bool:
+    """A small host-to-device copy into a contiguous ``dst`` through the copy engine, after the stream's
+    earlier work (a queued kernel may still read ``dst``)."""
+    if not dst.is_contiguous() or dst.is_conj() or dst.is_neg() or _extent(dst) is None or not dst.numel():
+        return False
+    staged = torch.empty(dst.shape, dtype=dst.dtype)
+    staged.copy_(_C._cpu_alias(src))  # copy_'s own conversions and broadcasting, on the host
+    return openreg.memcpy_htod(dst.data_ptr(), staged.view(-1).view(torch.uint8).numpy(),
+                               openreg.current_stream(dst.device.index), "copy")
+# LITERALINCLUDE END: ENGINE COPIES
 
 
 def copy_from_and_resize(src: torch.Tensor, dst: torch.Tensor) -> torch.Tensor:
@@ -82,8 +135,14 @@ def record_stream(t: torch.Tensor, stream: torch.Stream) -> None:
 
 # LITERALINCLUDE START: LOCAL SCALAR DENSE
 def local_scalar_dense(t: torch.Tensor) -> int | float | bool | complex:
-    """``aten::_local_scalar_dense`` (``.item()``): waits for the current stream, reads one value."""
+    """``aten::_local_scalar_dense`` (``.item()``): waits for the current stream, reads one value (through
+    the copy engine where it applies, else as a kernel run here)."""
     if sync_debug.mode:
         sync_debug.check("aten::_local_scalar_dense (.item())")
+    if openreg.timing.active:
+        timing_costs.price_item(t)
+    host = _read(t, "item")
+    if host is not None:
+        return host.item()
     return run_sync(t.device.index, lambda v: v.item(), host_view(t), tensors=(t,), name="item")
 # LITERALINCLUDE END: LOCAL SCALAR DENSE

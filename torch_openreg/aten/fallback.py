@@ -28,6 +28,7 @@ import torch
 import openreg
 from torch_openreg import _C
 from torch_openreg.device import sync_debug
+from torch_openreg.timing import costs as timing_costs
 
 from .launch import detach_frames, host_view, launch, launch_extents, run_sync
 
@@ -94,6 +95,10 @@ class OpInfo:
             else:
                 arg = alias_args.get(next(iter(r.alias_info.before_set)))
                 self.returns.append((INPLACE if r.alias_info.is_write else VIEW, arg))
+        # Whether output metadata may depend on where the tensors sit in their storage: a view's offset
+        # does, and so do written arguments (overlap checks); fresh outputs do not, so the slices of a
+        # tensor share one call shape (one meta run, one checking run, one plan), not one each.
+        self.placed = self.mutates or not self.returns or any(kind != FRESH for kind, _ in self.returns)
         # Random ops are queued like any other: they draw from the generator when they run, and the
         # generator waits for queued work before the host seeds it or reads or sets its state.
         self.sync_only = not tensor_only or schema.name in CPU_DECIDES_OUTPUTS
@@ -187,6 +192,11 @@ def _device_of(info: OpInfo, tensors: list[torch.Tensor], kwargs: dict) -> torch
     CPU and meta tensors and the index for openreg ones.
     """
     index = -1
+    for name in info.out_kwargs:  # an out= tensor is written by the kernel: a CPU one is never a scalar operand
+        for t in _tensors((kwargs.get(name),), {}):
+            if t.get_device() < 0:
+                raise RuntimeError(f"Expected all tensors to be on the same device, but the out= tensor '{name}' "
+                                   f"of {info.name} is on {t.device} while its inputs are on openreg")
     for t in tensors:
         i = t.get_device()
         if i >= 0:
@@ -271,10 +281,13 @@ class _Uncacheable(TypeError):
     """An argument whose values, not only its metadata, shape the outputs: the call is not memoized."""
 
 
-def _key_of(value: Any) -> Any:
-    """A hashable description of an argument as far as output metadata can depend on it."""
+def _key_of(value: Any, placed: bool = True) -> Any:
+    """A hashable description of an argument as far as output metadata can depend on it (``placed``: with
+    where an openreg tensor sits in its storage, which only views and written arguments depend on)."""
     if isinstance(value, torch.Tensor):
         if value.get_device() >= 0:
+            if not placed:
+                return (value.dtype, value.shape, value.stride())
             return (value.dtype, value.shape, value.stride(), value.storage_offset(), value.untyped_storage().nbytes())
         if value.dim() and value.dtype in (torch.bool, torch.uint8):
             # A CPU boolean mask: the meta run reads it (its True count is the output's length), so two
@@ -282,7 +295,7 @@ def _key_of(value: Any) -> Any:
             raise _Uncacheable("CPU mask")
         return (value.device, value.dtype, value.shape, value.stride())  # CPU scalars and indices
     if isinstance(value, (list, tuple)):
-        return tuple(_key_of(v) for v in value)
+        return tuple(_key_of(v, placed) for v in value)
     if isinstance(value, torch.Generator):
         return None
     if isinstance(value, (bool, int, float, complex)):
@@ -290,13 +303,13 @@ def _key_of(value: Any) -> Any:
     return value
 
 
-def _type_key_of(value: Any) -> Any:
+def _type_key_of(value: Any, placed: bool = True) -> Any:
     """:func:`_key_of` for operators whose numbers never shape their outputs (only their types promote)."""
     if isinstance(value, (bool, int, float, complex)):
         return type(value)
     if isinstance(value, (list, tuple)):
-        return tuple(_type_key_of(v) for v in value)
-    return _key_of(value)
+        return tuple(_type_key_of(v, placed) for v in value)
+    return _key_of(value, placed)
 
 
 def _meta_outputs(op, info: OpInfo, args: tuple, kwargs: dict, device: torch.device) -> tuple[Any, Any]:
@@ -306,9 +319,9 @@ def _meta_outputs(op, info: OpInfo, args: tuple, kwargs: dict, device: torch.dev
     A meta run costs 20-200 us; the same call shapes recur every training step.
     The cached meta tensors are only ever read.
     """
-    key_of = _type_key_of if info.numbers_by_type else _key_of
+    key_of, placed = _type_key_of if info.numbers_by_type else _key_of, info.placed
     try:
-        key = (op, key_of(args), tuple((k, key_of(v)) for k, v in kwargs.items()))
+        key = (op, key_of(args, placed), tuple((k, key_of(v, placed)) for k, v in kwargs.items()))
         hash(key)
     except TypeError:
         key = None
@@ -409,12 +422,14 @@ def _wrap_numbers(info: OpInfo, args: tuple, kwargs: dict) -> tuple:
 # LITERALINCLUDE START: FALLBACK
 def fallback(op: torch._ops.OpOverload, *args: Any, **kwargs: Any) -> Any:
     """Run ``op`` for openreg tensors: meta for metadata, the CPU kernel on device memory for data."""
+    if openreg.timing.active:  # the timing model prices the launch this call makes (torch_openreg/timing)
+        timing_costs.price_op(op, args, kwargs)
     info = _infos.get(op)
     if info is None:
         info = _infos[op] = OpInfo(op)
     described = None
     if info.plans is not None:  # the fast path: a call of a shape seen (and checked) before runs its plan
-        described = _C._describe_call(args, kwargs, info.numbers_by_type)
+        described = _C._describe_call(args, kwargs, info.numbers_by_type, info.placed)
         if described is not None:
             try:
                 plan = info.plans.get(described[0])

@@ -16,8 +16,10 @@ from collections.abc import Callable
 
 import torch
 
+import openreg
 from torch_openreg import _C
 from torch_openreg.aten.launch import launch_extents
+from torch_openreg.timing import costs as timing_costs
 
 _DEVICES: dict[int, torch.device] = {}
 
@@ -36,6 +38,8 @@ def launch_kernels(index: int, name: str, tensors: tuple, *calls: Callable | tup
 
     ``tensors`` are every tensor the kernels touch: the launch opens their storages' pages while it runs.
     """
+    if openreg.timing.active:  # the timing model prices the kernel by its bytes (torch_openreg/timing)
+        timing_costs.price_kernel(name, tensors)
     launch_extents(index, _run_kernels, calls, extents=_C._extents(tensors), name=name)
 
 

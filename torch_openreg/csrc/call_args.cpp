@@ -26,7 +26,9 @@ py::tuple extent(const at::Tensor& t) {
 // LITERALINCLUDE START: DESCRIBE TENSOR
 // An openreg tensor's key: everything its output metadata can depend on (device, dtype, the lazy
 // conjugate/negative bits, storage offset and size, sizes and strides), as one flat tuple of ints.
-py::tuple tensor_key(const at::Tensor& t) {
+// Without ``placed`` the storage offset and size are left out (as 0): fresh outputs do not depend
+// on where an input sits in its storage, and the slices of one tensor then share one key.
+py::tuple tensor_key(const at::Tensor& t, bool placed) {
   auto sizes = t.sizes();
   auto strides = t.strides();
   auto n = static_cast<size_t>(sizes.size());
@@ -34,8 +36,8 @@ py::tuple tensor_key(const at::Tensor& t) {
   key[0] = py::int_(t.device().index());
   key[1] = py::int_(static_cast<int>(t.scalar_type()));
   key[2] = py::int_((t.is_conj() ? 1 : 0) | (t.is_neg() ? 2 : 0));
-  key[3] = py::int_(t.storage_offset());
-  key[4] = py::int_(t.storage().nbytes());
+  key[3] = py::int_(placed ? t.storage_offset() : 0);
+  key[4] = py::int_(placed ? t.storage().nbytes() : 0);
   for (size_t i = 0; i < n; ++i) {
     key[5 + i] = py::int_(sizes[i]);
     key[5 + n + i] = py::int_(strides[i]);
@@ -46,6 +48,7 @@ py::tuple tensor_key(const at::Tensor& t) {
 
 struct Description {
   bool numbers_by_type;
+  bool placed;
   py::list extents;
 };
 
@@ -56,7 +59,7 @@ bool describe(const py::handle& value, Description& d, py::object& key, py::obje
   if (THPVariable_Check(obj)) {
     const at::Tensor& t = THPVariable_Unpack(obj);
     if (t.device().is_privateuseone()) {
-      key = tensor_key(t);
+      key = tensor_key(t, d.placed);
       host = wrap(host_view(t));
       d.extents.append(extent(t));
       return true;
@@ -111,8 +114,8 @@ bool describe(const py::handle& value, Description& d, py::object& key, py::obje
 
 // LITERALINCLUDE START: DESCRIBE CALL
 // [key, host args, host kwargs, extents] of a call, or None when the general path must take it.
-py::object describe_call(const py::tuple& args, const py::dict& kwargs, bool numbers_by_type) {
-  Description d{numbers_by_type, py::list()};
+py::object describe_call(const py::tuple& args, const py::dict& kwargs, bool numbers_by_type, bool placed) {
+  Description d{numbers_by_type, placed, py::list()};
   auto n = static_cast<size_t>(args.size());
   py::tuple key(n + kwargs.size());
   py::tuple host_args(n);

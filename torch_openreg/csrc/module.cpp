@@ -12,7 +12,7 @@ namespace openreg {
 void register_hooks();
 void register_serialization();
 void copy_backend_meta(const at::Tensor& src, const at::Tensor& dst);
-py::object describe_call(const py::tuple& args, const py::dict& kwargs, bool numbers_by_type);
+py::object describe_call(const py::tuple& args, const py::dict& kwargs, bool numbers_by_type, bool placed);
 py::tuple empty_like_meta(const at::Tensor& meta, c10::DeviceIndex index);
 std::vector<std::vector<uintptr_t>> set_cpu_output_targets(const std::vector<at::Tensor>& tensors,
                                                            const std::vector<int64_t>& skips);
@@ -109,7 +109,9 @@ PYBIND11_MODULE(_C, m) {
       "(storage base, storage bytes) of each openreg tensor: the extents a launch names");
   // LITERALINCLUDE END: EXTENTS
   m.def("_describe_call", &openreg::describe_call,
-        "[key, host args, host kwargs, extents] of an operator call, or None (the fallback's fast path)");
+        "[key, host args, host kwargs, extents] of an operator call, or None (the fallback's fast path); "
+        "placed: the key has each tensor's storage offset and size",
+        py::arg("args"), py::arg("kwargs"), py::arg("numbers_by_type"), py::arg("placed") = true);
   m.def("_empty_like_meta", &openreg::empty_like_meta, "(openreg tensor shaped like a meta tensor, host view, extent)");
   m.def("_set_cpu_output_targets", &openreg::set_cpu_output_targets,
         "serve this thread's next CPU allocations of these tensors' sizes from their memory, after letting "

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 import openreg as _rt
+from torch_openreg.timing import device_profiles, get_device_profile, set_device_profile, simulate  # noqa: E402, I001
 
 from . import amp  # noqa: F401  (torch.openreg.amp)
 from . import memory as _memory
@@ -111,6 +112,8 @@ __all__ = [
     "get_rng_state_all", "init", "initial_seed", "is_available", "is_initialized", "manual_seed",
     "manual_seed_all", "seed", "seed_all", "set_device", "set_rng_state", "set_rng_state_all", "set_stream",
     "stream", "synchronize",
+    # the timing model (docs/timing.md): simulated device time on a device profile
+    "device_profiles", "get_device_profile", "set_device_profile", "simulate",
     "empty_cache", "get_per_process_memory_fraction", "host_memory_stats", "max_memory_allocated",
     "max_memory_reserved", "mem_get_info", "memory_allocated", "memory_reserved", "memory_snapshot", "memory_stats",
     "memory_stats_as_nested_dict", "memory_summary", "reset_accumulated_memory_stats", "reset_max_memory_allocated",

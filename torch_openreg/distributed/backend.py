@@ -28,6 +28,7 @@ import torch
 
 import openreg
 from torch_openreg.aten.launch import host_views, launch
+from torch_openreg.timing import costs as timing_costs
 
 from .checks import Checker, Header, MismatchError, Signature, describe
 from .transport import Transport
@@ -124,6 +125,8 @@ class OCCL:
         ticket = self.transport.ticket()
         try:
             tensors = [t for op in ops for t in op.tensors]
+            if openreg.timing.active:  # the timing model: alpha-beta over the interconnect (torch_openreg/timing)
+                timing_costs.price_collective(kernel_name, tensors, self.size)
             stream, _ = launch(device, self._kernel, work.name, ticket, ops, work, tensors=tensors, name=kernel_name)
         except BaseException:
             self._withdraw(ops, ticket)

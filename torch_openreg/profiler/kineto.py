@@ -113,9 +113,11 @@ def collect(start_ns: int, end_ns: int, pid: int) -> tuple[list, list, list]:
         if kind is None:
             continue
         devices.setdefault(device, set()).add(stream)
+        metadata = {"device": device, "stream": stream, "correlation": correlation}
+        if traced and tag.simulated is not None:  # the timing model's prediction (docs/timing.md)
+            metadata["simulated_us"] = round((tag.simulated[1] - tag.simulated[0]) * 1e6, 3)
         activities.append((kind, name, device, stream, started, ended, correlation, correlation,
-                           flow if traced else 0, False,
-                           {"device": device, "stream": stream, "correlation": correlation}))
+                           flow if traced else 0, False, metadata))
         for user in tag.user_correlation if traced else ():  # every record_function range open at the launch
             span = spans.setdefault((device, stream, user), [started, ended])
             span[0], span[1] = min(span[0], started), max(span[1], ended)

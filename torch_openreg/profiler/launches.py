@@ -34,12 +34,13 @@ _SKIP = (*_PACKAGES, "<frozen ")
 class Launch:
     """What a launch carries: the operator that made it, where and when (a launch hook's tag)."""
 
-    __slots__ = ("correlation", "user_correlation", "thread", "launched_ns", "launch_site")
+    __slots__ = ("correlation", "user_correlation", "thread", "launched_ns", "launch_site", "simulated")
 
     def __init__(self) -> None:
         self.correlation = self.thread = self.launched_ns = 0
         self.user_correlation: tuple[int, ...] = ()  # the record_function ranges open, outermost first
         self.launch_site: str | None = None
+        self.simulated: tuple[float, float] | None = None  # (start, end) seconds, when simulated time is on
 
 
 def launch_site() -> str | None:

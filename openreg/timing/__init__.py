@@ -1,0 +1,156 @@
+"""The timing model: what openreg work would take on a real accelerator, without the hardware.
+
+With a device profile selected (``OPENREG_DEVICE_PROFILE=h100-sxm``, or :func:`set_profile`), the
+runtime keeps a simulated clock beside the real one: every launch carries a :class:`Cost` (the torch
+layer prices operators with PyTorch's FLOP formulas; runtime copies price themselves), the model
+predicts its device duration on the profile, and each stream's simulated time advances by it
+(:mod:`.clock`). Events created with ``enable_timing`` then report simulated ``elapsed_time``.
+
+Off (the default), a launch pays one flag test for all of this. ``OPENREG_DEVICE_PROFILE`` is read
+here, once, at import (the runtime's other settings are read in ``device.py`` and ``stream.py``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from collections.abc import Iterator, Mapping
+
+from . import model
+from .clock import _UNPRICED, Clock, Launch
+from .model import COLLECTIVES, EFFICIENCY, FREE, KINDS, Cost, Prediction, predict
+from .profiles import DTYPES, DeviceProfile, builtin, from_dict, load_file, resolve
+
+ENV = "OPENREG_DEVICE_PROFILE"
+
+active = False  # the launch path's one test: is a simulated clock running?
+_clock: Clock | None = None
+_lock = threading.Lock()
+_pending = threading.local()
+
+
+def profiles() -> dict[str, DeviceProfile]:
+    """The built-in device profiles, by name."""
+    return builtin()
+
+
+def get_profile() -> DeviceProfile | None:
+    """The profile the simulated clock runs on, or None when simulated time is off."""
+    clock = _clock
+    return clock.profile if clock is not None else None
+
+
+# LITERALINCLUDE START: TIMING SET PROFILE
+def set_profile(spec: str | os.PathLike | Mapping | DeviceProfile | None) -> DeviceProfile | None:
+    """Run the simulated clock on ``spec`` (a built-in name, a profile file, a dict of fields); None
+    turns simulated time off. Returns the previous profile. Changing the profile keeps the clock's
+    times (events recorded before stay comparable); turning it off forgets them."""
+    global active, _clock
+    profile = None if spec is None else resolve(spec)
+    with _lock:
+        previous = _clock.profile if _clock is not None else None
+        if profile is None:
+            active, _clock = False, None
+        elif _clock is None:
+            _clock = Clock(profile)
+            active = True
+        else:
+            _clock.profile = profile
+    return previous
+# LITERALINCLUDE END: TIMING SET PROFILE
+
+
+@contextlib.contextmanager
+def recording() -> Iterator[list[Launch]]:
+    """Collect the :class:`~.clock.Launch` records of the launches made inside the block (simulated
+    time must be on)."""
+    clock = _clock
+    if clock is None:
+        raise RuntimeError("openreg.timing.recording() needs simulated time on (set_profile first)")
+    launches: list[Launch] = []
+    with clock.lock:
+        clock.collectors.append(launches)
+    try:
+        yield launches
+    finally:
+        with clock.lock:
+            clock.collectors.remove(launches)
+
+
+def next_cost(name: str, cost: Cost | None, host_waits: bool = True) -> None:
+    """Price the calling thread's next launch named ``name`` (for a client whose launch is made further
+    down, by code that does not know the operator). A launch with another name drops it. ``host_waits``
+    False: if that launch is run synchronously (``Stream.run_here``), it is for the simulator's sake (the
+    fallback checks the first call of each call shape that way), not because a device would make the
+    host wait, so the simulated host does not wait for it."""
+    _pending.value = (name, cost, host_waits)
+
+
+# The runtime's hooks (openreg.stream and openreg.event call them only while ``active``).
+def launched(stream, seq: int, name: str, cost: Cost | None, tag=None) -> bool:
+    """A launch was queued: give it its simulated start and end. Returns whether a host that waits for
+    it at once (``run_here``) waits in simulated time too (see :func:`next_cost`)."""
+    clock = _clock
+    if clock is None:
+        return True
+    host_waits = True
+    if cost is None:
+        pending = getattr(_pending, "value", None)
+        if pending is not None:
+            _pending.value = None
+            if pending[0] == name:
+                cost, host_waits = pending[1], pending[2]
+    record = clock.launch(stream.device, stream.id, seq, name, cost)
+    if tag is not None and hasattr(tag, "simulated"):
+        tag.simulated = (record.start, record.end)  # the profiler shows it beside the host's time
+    return host_waits
+
+
+def captured(graph, name: str, cost: Cost | None) -> None:
+    """A launch was recorded into a graph capture instead of queued: its node keeps the cost."""
+    if cost is None:
+        pending = getattr(_pending, "value", None)
+        if pending is not None:
+            _pending.value = None
+            cost = pending[1] if pending[0] == name else None
+    if graph.nodes:
+        graph.nodes[-1].cost = cost
+
+
+def graph_cost(costs: list[Cost | None]) -> Cost:
+    """The cost of a graph replay: its kernels' costs as parts of one launch (unpriced kernels: none)."""
+    parts = tuple(c if c is not None else _UNPRICED for c in costs if c is not FREE)
+    if not parts:
+        return FREE
+    biggest = max(parts, key=lambda c: c.flops + c.bytes)
+    return Cost(biggest.kind, sum(c.flops for c in parts), sum(c.bytes for c in parts), biggest.dtype,
+                formula=all(c.formula or not c.flops for c in parts), parts=parts)
+
+
+def host_waits(device: int, stream_id: int, seq: int) -> None:
+    clock = _clock
+    if clock is not None:
+        clock.host_waits(device, stream_id, seq)
+
+
+def stream_time(stream) -> float | None:
+    """Simulated time of the end of the work launched on ``stream`` so far (None when off)."""
+    clock = _clock
+    return None if clock is None else clock.now(stream.device, stream.id)
+
+
+def stream_waits(stream, when: float | None) -> None:
+    clock = _clock
+    if clock is not None and when is not None:
+        clock.stream_waits(stream.device, stream.id, when)
+
+
+if os.environ.get(ENV):
+    set_profile(os.environ[ENV])
+
+__all__ = [
+    "COLLECTIVES", "DTYPES", "Cost", "DeviceProfile", "EFFICIENCY", "ENV", "FREE", "KINDS", "Launch", "Prediction",
+    "from_dict", "get_profile", "load_file", "model", "next_cost", "predict", "profiles", "recording",
+    "resolve", "set_profile",
+]

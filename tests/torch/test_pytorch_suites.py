@@ -1,0 +1,118 @@
+"""Regressions found by running PyTorch's own test files on openreg (``python -m torch_openreg.testing.suites``).
+
+Each test is our own, written for the behaviour a PyTorch test file checked: openreg must do what the CPU
+does (the same result, or the same exception type and message) for the same call.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+
+def _raised(fn) -> BaseException:
+    with pytest.raises(Exception) as info:
+        fn()
+    return info.value
+
+
+# test_shape_ops.test_nonzero: an out= tensor on the wrong device is refused at the call, as on CUDA.
+@pytest.mark.parametrize("op", ["nonzero", "add"])
+def test_out_tensor_on_the_cpu_is_refused(op, no_leak):
+    x = torch.tensor([0.0, 1.0, 2.0], device="openreg")
+    call = {"nonzero": lambda out: torch.nonzero(x, out=out), "add": lambda out: torch.add(x, x, out=out)}[op]
+    dtype = torch.long if op == "nonzero" else torch.float32
+    error = _raised(lambda: call(torch.empty([], dtype=dtype)))
+    assert isinstance(error, RuntimeError) and "on the same device" in str(error)
+    out = torch.empty([], dtype=dtype, device="openreg")
+    call(out)  # the same call with an openreg out= works, and equals the CPU's
+    expected = torch.empty([], dtype=dtype)
+    {"nonzero": lambda: torch.nonzero(x.cpu(), out=expected), "add": lambda: torch.add(x.cpu(), x.cpu(),
+                                                                                         out=expected)}[op]()
+    torch.testing.assert_close(out.cpu(), expected)
+
+
+# test_unary_ufuncs.test_batch_vs_slicing: op(x[i]) for every row of x. The rows differ only in their storage
+# offset, which fresh outputs do not depend on: one call shape (one meta run, one checking synchronous run,
+# one plan), not one per row, each run synchronously. The results stay the CPU's.
+def test_the_slices_of_a_tensor_share_one_call_shape(monkeypatch, launches, asynchronous):
+    from torch_openreg.aten import fallback
+
+    meta_runs = []
+    real = fallback._meta_outputs
+    monkeypatch.setattr(fallback, "_meta_outputs", lambda op, *a, **k: meta_runs.append(op) or real(op, *a, **k))
+    x = torch.randn(64, 33)
+    d = x.to("openreg")
+    torch.openreg.synchronize()
+    launches.clear()
+    rows = [torch.special.expit(d[i]) for i in range(64)]  # an operator no other test here runs on (33,) rows
+    torch.testing.assert_close(torch.stack(rows).cpu(), torch.special.expit(x))
+    assert meta_runs.count(torch.ops.aten.sigmoid.default) == 1, meta_runs
+    assert [n for n, *_ in launches].count("aten::sigmoid") == 64
+
+
+def test_views_of_slices_still_alias_their_own_row():
+    """Views keep the storage offset in their call shape: each row's view is that row."""
+    x = torch.arange(24.0).view(4, 6)
+    d = x.to("openreg")
+    for i in range(4):
+        v = d[i].view(2, 3)
+        v.add_(100)
+        torch.testing.assert_close(d[i].cpu(), x[i] + 100)
+    torch.testing.assert_close(d.cpu(), x + 100)
+
+
+# The suites read results back constantly (.item(), .cpu(), assertEqual): small synchronous copies go through
+# the runtime's copy engine (no kernel, no page opened to the host). They must give exactly what the CPU does.
+def _views(t: torch.Tensor) -> dict:
+    return {
+        "contiguous": t, "row": t[1], "transposed": t.t(), "strided": t[::2, 1::3], "expanded": t[:1].expand(4, -1),
+        "element": t[2, 3], "empty": t[:0],
+    }
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int64, torch.bool, torch.bfloat16,
+                                   torch.complex64])
+def test_small_reads_equal_the_cpu(dtype, no_leak):
+    x = (torch.randn(4, 6) * 5).to(dtype)
+    d = x.to("openreg")
+    for name, v in _views(d).items():
+        expected = _views(x)[name]
+        torch.testing.assert_close(v.cpu(), expected, rtol=0, atol=0, msg=name)
+        assert v.cpu().stride() == expected.clone().stride(), name
+        if v.numel() == 1:
+            assert v.item() == expected.item(), name
+    if dtype.is_complex:  # lazy conjugate and negative bits are resolved by the read
+        torch.testing.assert_close(d.conj().cpu(), x.conj().resolve_conj())
+        torch.testing.assert_close(d.conj().imag.cpu(), x.conj().imag.resolve_neg())
+        assert d.conj()[1, 2].item() == x.conj()[1, 2].item()
+
+
+def test_small_writes_equal_the_cpu(no_leak):
+    src = torch.randn(4, 6)
+    for dst in (torch.empty(4, 6, device="openreg"), torch.empty(4, 6, device="openreg", dtype=torch.float64)):
+        dst.copy_(src)  # a dtype conversion on the host, then the engine's write
+        torch.testing.assert_close(dst.cpu(), src.to(dst.dtype), rtol=0, atol=0)
+    row = torch.zeros(6, device="openreg")
+    row.copy_(torch.tensor(2.5))  # broadcast, as copy_ does
+    torch.testing.assert_close(row.cpu(), torch.full((6,), 2.5))
+    strided = torch.zeros(4, 6, device="openreg").t()  # not contiguous: a kernel, as before
+    strided.copy_(src.t())
+    torch.testing.assert_close(strided.cpu(), src.t())
+
+
+def test_an_engine_write_waits_for_the_kernels_that_read_the_old_values(asynchronous):
+    d = torch.ones(1024, device="openreg")
+    total = d.sum()  # queued: it must read the ones
+    d.copy_(torch.zeros(1024))
+    assert total.item() == 1024 and d.sum().item() == 0
+
+
+def test_an_engine_read_reports_an_earlier_kernel_error_first(asynchronous):
+    t = torch.ones(3, device="openreg")
+    t[torch.tensor([0], device="openreg")]  # a checked first call, so that the next one is queued
+    bad = t[torch.tensor([7], device="openreg")]
+    with pytest.raises(IndexError, match="out of bounds"):
+        t[0].item()
+    del bad
+    assert t[0].item() == 1.0  # reported once
