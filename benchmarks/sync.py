@@ -18,7 +18,7 @@ import torch
 
 import openreg
 
-from .common import interleaved, table
+from .common import interleaved, median_time, table
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -61,15 +61,7 @@ def measure_paths(repeat: int) -> list[list[str]]:
 
 def _best(fn: Callable[[], object], repeat: int, number: int) -> float:
     """Median seconds per call (``number`` calls per sample, queued work drained between samples)."""
-    fn()
-    samples = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        for _ in range(number):
-            fn()
-        samples.append((time.perf_counter() - start) / number)
-        sync()
-    return statistics.median(samples)
+    return median_time(fn, repeat, number, after=sync)
 
 
 # LITERALINCLUDE START: BENCH BREAKDOWN
