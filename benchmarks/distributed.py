@@ -5,9 +5,12 @@ Run: ``python -m benchmarks.distributed`` (``--quick`` for the CI smoke run).
 * all_reduce bus bandwidth, 1 MB to 256 MB: gloo on CPU tensors and occl on openreg tensors, in one
   process group ``cpu:gloo,openreg:occl`` (goal: occl >= 0.8x gloo);
 * a DDP training step: the same model on the CPU (gradients on gloo) and on openreg (on occl), in
-  the same processes (goal: openreg <= 1.15x the CPU).
+  the same processes (goal: openreg <= 1.15x the CPU), and the same step without DDP for reference
+  (what the device costs without any communication).
 
-Both ranks time the same calls, aligned by a barrier; rank 0 reports medians over interleaved repeats.
+Both ranks time the same calls, aligned by a barrier, in blocks that take turns (``OCCL_BENCH_REPEAT`` rounds,
+21 by default). Rank 0 reports each side's median and the ratio as the median of the round-by-round ratios,
+with their middle half: on a shared machine the load moves between rounds, much less within one.
 """
 
 from __future__ import annotations
@@ -29,33 +32,41 @@ MB = 1 << 20
 GOAL_BANDWIDTH, GOAL_DDP = 0.8, 1.15
 
 
-def _timed(fn, sync, repeat: int, number: int) -> list[float]:
-    """Seconds per call over ``repeat`` blocks of ``number`` calls, each block started together on all ranks."""
-    samples = []
-    for _ in range(repeat):
-        dist.barrier()  # gloo on the CPU: both ranks start the block together
-        start = time.perf_counter()
-        for _ in range(number):
-            fn()
-        sync()
-        samples.append((time.perf_counter() - start) / number)
-    return samples
-
-
-def interleave(cases: dict, repeat: int, number: int) -> dict[str, float]:
-    """Median seconds per call of each ``(fn, sync)``, the repeats of all cases interleaved."""
-    for fn, sync in cases.values():  # warm up
+def _timed(fn, sync, number: int) -> float:
+    """Seconds per call over a block of ``number`` calls, started together on all ranks."""
+    dist.barrier()  # gloo on the CPU: both ranks start the block together
+    start = time.perf_counter()
+    for _ in range(number):
         fn()
+    sync()
+    return (time.perf_counter() - start) / number
+
+
+def interleave(cases: dict, repeat: int, number: int) -> dict[str, list[float]]:
+    """Seconds per call of each ``(fn, sync)``: ``repeat`` blocks each, the blocks of all cases interleaved.
+
+    The machine is shared: its load changes from one second to the next. So the cases take turns (their
+    order alternating, so that neither always runs first), and each round's blocks are compared with each
+    other (:func:`paired`), not only each case's median with the other's.
+    """
+    for fn, sync in cases.values():  # warm up (DDP rebuilds its buckets after its first step)
+        for _ in range(2):
+            fn()
         sync()
     samples: dict[str, list[float]] = {name: [] for name in cases}
     names = list(cases)
     for i in range(repeat):
-        for name in names if i % 2 == 0 else names[::-1]:  # alternate the order: neither always runs first
-            fn, sync = cases[name]
-            samples[name] += _timed(fn, sync, 1, number)
+        for name in names if i % 2 == 0 else names[::-1]:
+            samples[name].append(_timed(*cases[name], number))
     if os.environ.get("OCCL_BENCH_SAMPLES") and dist.get_rank() == 0:  # every sample, to see the spread
         print({name: [round(v * 1e3, 2) for v in s] for name, s in samples.items()}, flush=True)
-    return {name: statistics.median(s) for name, s in samples.items()}
+    return samples
+
+
+def paired(numerator: list[float], denominator: list[float]) -> tuple[float, float, float]:
+    """Median and quartiles of the round-by-round ratios ``numerator[i] / denominator[i]``."""
+    q1, median, q3 = statistics.quantiles([a / b for a, b in zip(numerator, denominator)], n=4, method="inclusive")
+    return median, q1, q3
 
 
 # LITERALINCLUDE START: BENCH ALLREDUCE
@@ -70,48 +81,58 @@ def allreduce_bandwidth(rank: int, world: int, sizes: list[int], repeat: int) ->
             "gloo": (lambda cpu=cpu: dist.all_reduce(cpu), lambda: None),
             "occl": (lambda dev=dev: dist.all_reduce(dev), torch.openreg.synchronize),
         }, repeat, number)
-        bus = {k: 2 * (world - 1) / world * size / v / 1e9 for k, v in t.items()}
-        ratio = bus["occl"] / bus["gloo"]
+        bus = {k: 2 * (world - 1) / world * size / statistics.median(v) / 1e9 for k, v in t.items()}
+        ratio, low, high = paired(t["gloo"], t["occl"])  # bandwidth ratio: the inverse of the time ratio
         rows.append([f"{size // MB} MB", f"{bus['gloo']:.2f}", f"{bus['occl']:.2f}", f"{ratio:.2f}x",
-                     "yes" if ratio >= GOAL_BANDWIDTH else "no"])
+                     f"{low:.2f}x-{high:.2f}x", "yes" if ratio >= GOAL_BANDWIDTH else "no"])
     return rows
 # LITERALINCLUDE END: BENCH ALLREDUCE
 
 
 def ddp_step(rank: int, world: int, width: int, repeat: int) -> list[list[str]]:
-    """One DDP training step (forward, backward with gradient all_reduce, SGD step) on the CPU and on openreg."""
+    """One DDP training step (forward, backward with gradient all_reduce, SGD step) on the CPU and on openreg.
+
+    The same step without DDP (no communication) is measured in the same rounds: its openreg / CPU ratio is
+    what the device costs by itself, so the difference between the two ratios is what occl adds to a step.
+    """
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    def build(device):
+    def build(device, ddp: bool):
         torch.manual_seed(0)
         layers = [torch.nn.Linear(256, width), torch.nn.ReLU()]
         for _ in range(2):
             layers += [torch.nn.Linear(width, width), torch.nn.ReLU()]
         model = torch.nn.Sequential(*layers, torch.nn.Linear(width, 10)).to(device)
-        ddp = DDP(model)
-        return ddp, torch.optim.SGD(ddp.parameters(), lr=0.01)
+        if ddp:
+            model = DDP(model)
+        return model, torch.optim.SGD(model.parameters(), lr=0.01)
 
-    def step_fn(ddp, opt, x, y):
+    def step_fn(model, opt, x, y):
         def step():
             opt.zero_grad()
-            torch.nn.functional.cross_entropy(ddp(x), y).backward()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
             opt.step()
         return step
 
     device = torch.device("openreg", rank)
     g = torch.Generator().manual_seed(rank)
     x, y = torch.randn(64, 256, generator=g), torch.randint(0, 10, (64,), generator=g)
-    cpu_ddp, cpu_opt = build("cpu")
-    dev_ddp, dev_opt = build(device)
-    t = interleave({
-        "cpu": (step_fn(cpu_ddp, cpu_opt, x, y), lambda: None),
-        "openreg": (step_fn(dev_ddp, dev_opt, x.to(device), y.to(device)), torch.openreg.synchronize),
-    }, repeat, 3)
-    params = sum(p.numel() for p in cpu_ddp.parameters())
-    ratio = t["openreg"] / t["cpu"]
-    return [[f"MLP {params / 1e6:.1f} M parameters ({params * 4 // MB} MB of gradients)",
-             f"{t['cpu'] * 1e3:.1f}", f"{t['openreg'] * 1e3:.1f}", f"{ratio:.2f}x",
-             "yes" if ratio <= GOAL_DDP else "no"]]
+    xd, yd = x.to(device), y.to(device)
+    cases = {}
+    for ddp in (True, False):
+        tag = "ddp" if ddp else "plain"
+        cases[f"cpu {tag}"] = (step_fn(*build("cpu", ddp), x, y), lambda: None)
+        cases[f"openreg {tag}"] = (step_fn(*build(device, ddp), xd, yd), torch.openreg.synchronize)
+    t = interleave(cases, repeat, 3)
+    params = sum(p.numel() for p in build("cpu", False)[0].parameters())
+    rows = []
+    for tag, what, goal in (("ddp", "DDP", True), ("plain", "the same step without DDP", False)):
+        ratio, low, high = paired(t[f"openreg {tag}"], t[f"cpu {tag}"])
+        rows.append([f"MLP {params / 1e6:.1f} M parameters ({params * 4 // MB} MB of gradients), {what}",
+                     f"{statistics.median(t[f'cpu {tag}']) * 1e3:.1f}",
+                     f"{statistics.median(t[f'openreg {tag}']) * 1e3:.1f}", f"{ratio:.2f}x", f"{low:.2f}x-{high:.2f}x",
+                     ("yes" if ratio <= GOAL_DDP else "no") if goal else "(reference)"])
+    return rows
 
 
 def _rank(rank: int, world: int, init: str, quick: bool) -> None:
@@ -119,16 +140,16 @@ def _rank(rank: int, world: int, init: str, quick: bool) -> None:
     dist.init_process_group("cpu:gloo,openreg:occl", init_method=f"file://{init}", rank=rank, world_size=world,
                             timeout=timedelta(seconds=300))
     sizes = [1 * MB, 4 * MB] if quick else [1 * MB, 4 * MB, 16 * MB, 64 * MB, 256 * MB]
-    repeat = 2 if quick else 11
+    repeat = 2 if quick else int(os.environ.get("OCCL_BENCH_REPEAT", "21"))
     bandwidth = allreduce_bandwidth(rank, world, sizes, repeat)
     step = ddp_step(rank, world, 256 if quick else 1024, repeat)
     if rank == 0:
         print(f"occl against gloo, {world} ranks (processes) on one machine, {os.cpu_count()} cores; "
               f"torch {torch.__version__}\n")
         print("all_reduce bus bandwidth (GB/s; ratio = occl / gloo, goal >= 0.8x)\n")
-        print(table(["size", "gloo (CPU)", "occl (openreg)", "ratio", "goal met"], bandwidth))
+        print(table(["size", "gloo (CPU)", "occl (openreg)", "ratio", "middle half", "goal met"], bandwidth))
         print("\nDDP training step, batch 64 per rank (ms; ratio = openreg / CPU, goal <= 1.15x)\n")
-        print(table(["model", "CPU + gloo", "openreg + occl", "ratio", "goal met"], step), flush=True)
+        print(table(["model", "CPU + gloo", "openreg + occl", "ratio", "middle half", "goal met"], step), flush=True)
     dist.destroy_process_group()
 
 

@@ -17,7 +17,7 @@ from .device import (
 )
 from .errors import ErrorCode, OpenRegError
 from .event import Event
-from .graph import CaptureMode, Graph, begin_capture, end_capture, is_capturing
+from .graph import CaptureMode, Graph, begin_capture, end_capture, is_capturing, refuse_capture
 from .memory import (
     IpcHandle,
     PointerAttributes,
@@ -62,6 +62,7 @@ def launch(fn, *args, buffers=(), stream: Stream | None = None, name: str = "ker
 
 __all__ = [
     "CaptureMode", "DeviceProperties", "ErrorCode", "Event", "Graph", "begin_capture", "end_capture", "is_capturing",
+    "refuse_capture",
     "LAUNCH_BLOCKING", "MemcpyKind", "OpenRegError", "IpcHandle",
     "ipc_export", "ipc_open",
     "PRIORITY_HIGH", "PRIORITY_LOW", "PointerAttributes", "Stream", "add_launch_observer",

@@ -377,3 +377,13 @@ def is_capturing(stream: Stream) -> bool:
     """Whether ``stream`` records its launches into a capture (``cudaStreamIsCapturing``), joined ones included."""
     return isinstance(stream._q.capture, Capture)
 # LITERALINCLUDE END: RUNTIME BEGIN END
+
+
+def refuse_capture(stream: Stream, message: str) -> NoReturn:
+    """Invalidate the capture ``stream`` takes part in and raise ``message``, as CUDA invalidates a capture on a
+    call it cannot record: for a library whose launches cannot be recorded for a reason of its own (occl's)."""
+    capture = stream._q.capture
+    if isinstance(capture, Capture):
+        capture.invalidate(message)
+    raise OpenRegError(ErrorCode.STREAM_CAPTURE_UNSUPPORTED,
+                       message + " (the capture is invalidated; end it and capture again without this)")

@@ -113,12 +113,8 @@ class _Queue:
         except BaseException as exc:  # noqa: BLE001 - any kernel failure becomes a device fault
             if item.owner:
                 item.outcome = (False, exc)  # raised as is by run_here, on the thread that called it
-            elif self.error is None:
-                site = getattr(item.tag, "launch_site", None)
-                self.error = launch_failure(
-                    f"{item.name} on openreg:{self.device} stream {self.id} failed: {type(exc).__name__}: {exc}"
-                    + (f" (launched at {site})" if site else ""), exc
-                )
+            else:
+                self.fail(item.name, exc, getattr(item.tag, "launch_site", None))
         finally:
             activity.record(self.device, started, time.perf_counter_ns(), item.name)
             if _observers:
@@ -131,6 +127,14 @@ class _Queue:
             self.last_done = time.monotonic()
             if self.waiters:
                 self.cond.notify_all()
+
+    def fail(self, name: str, exc: BaseException, site: str | None = None) -> None:
+        """Keep the failure of kernel ``name`` for the next synchronizing call (the first one not yet reported)."""
+        if self.error is None:
+            self.error = launch_failure(
+                f"{name} on openreg:{self.device} stream {self.id} failed: {type(exc).__name__}: {exc}"
+                + (f" (launched at {site})" if site else ""), exc
+            )
 
     def _observe(self, item: _Item, started: int) -> None:
         ended = time.perf_counter_ns()
@@ -445,6 +449,15 @@ class Stream:
     def check_error(self) -> None:
         """Raise (once) the error of a kernel that failed since the last report."""
         _report(self._q)
+
+    def report_failure(self, name: str, exc: BaseException) -> None:
+        """Report ``exc`` at this stream's next synchronizing call, as the failure of a kernel ``name`` launched here.
+
+        For work that runs elsewhere on this stream's behalf: a collective library runs each collective on
+        a stream of its own, and a collective that fails is reported to the stream it was launched from.
+        """
+        with self._q.lock:
+            self._q.fail(name, exc)
 
     def query(self) -> bool:
         """True if all launched work has finished (device memory is then closed to the host)."""

@@ -501,6 +501,46 @@ def check_side_stream(rank: int, world: int) -> None:
     close(t * 1, cpu_reference_allreduce(x, "SUM", world))
 
 
+@check
+def check_many_collectives_in_flight(rank: int, world: int) -> None:
+    """More collectives launched than one check window holds (windows grow), then a mismatch still found."""
+    xs = [data(rank, (8,), seed=i) for i in range(100)]
+    ts = [x.to(device(rank)) for x in xs]
+    works = [dist.all_reduce(t, async_op=True) for t in ts]
+    for work in works:
+        work.wait()
+    for t, x in zip(ts, xs):
+        close(t, cpu_reference_allreduce(x, "SUM", world))
+    bad = torch.ones(3 + rank, device=device(rank))
+    raises("do not match", lambda: then_sync(dist.all_reduce, bad))
+    recovers(rank, world)
+
+
+@check
+def check_peers_are_awaited_off_the_current_stream(rank: int, world: int) -> None:
+    """A collective whose peers have not arrived holds its group's stream, not the caller's: rank 0 runs and
+    synchronizes more work on its current stream before it lets the others call the collective at all."""
+    from datetime import timedelta
+
+    import openreg
+
+    store = dist.distributed_c10d._get_default_store()
+    t = torch.full((4,), float(rank + 1), device=device(rank))
+    if rank == 0:
+        if openreg.LAUNCH_BLOCKING:  # every launch waits for its kernel: the peers must come first
+            store.set("occl_peers_go", "1")
+        work = dist.all_reduce(t, async_op=True)
+        u = torch.arange(3.0, device=device(rank)) * 2
+        assert u.cpu().tolist() == [0.0, 2.0, 4.0]  # synchronizes the current stream, peers still away
+        assert openreg.LAUNCH_BLOCKING or not work.is_completed()
+        store.set("occl_peers_go", "1")
+        work.wait()
+    else:
+        store.wait(["occl_peers_go"], timedelta(seconds=60))
+        dist.all_reduce(t)
+    close(t, torch.full((4,), float(sum(range(1, world + 1)))))
+
+
 ALL2 = list(CHECKS)
 ALL4 = ["all_reduce", "broadcast", "reduce", "all_gather_uneven", "all_gather_into_tensor", "reduce_scatter_tensor",
         "all_to_all_single_uneven", "all_to_all", "gather_scatter", "send_recv", "recv_any_source",
@@ -660,8 +700,8 @@ def _dead_peer(rank: int, world: int, how: str) -> tuple[float, str] | None:
         return None
     t = torch.ones(4, device=device(rank))
     start = time.monotonic()
-    dist.all_reduce(t)
     try:
+        dist.all_reduce(t)  # with OPENREG_LAUNCH_BLOCKING=1 the kernel runs, and fails, here
         t.cpu()
     except RuntimeError as exc:
         return time.monotonic() - start, str(exc)
@@ -893,8 +933,8 @@ def test_benchmark_quick_mode():
     out = subprocess.run([sys.executable, "-m", "benchmarks.distributed", "--quick"], capture_output=True, text=True,
                          timeout=300, cwd=ROOT, env=env)
     assert out.returncode == 0, out.stderr[-4000:]
-    for row in ("| 1 MB |", "| 4 MB |", "| MLP "):
+    for row in ("| 1 MB |", "| 4 MB |", "of gradients), DDP |", "of gradients), the same step without DDP |"):
         assert row in out.stdout, out.stdout
     ratios = [float(line.split("|")[4].strip().rstrip("x")) for line in out.stdout.splitlines()
               if line.startswith("| 1 MB") or line.startswith("| MLP")]
-    assert len(ratios) == 2 and all(r > 0 for r in ratios)
+    assert len(ratios) == 3 and all(r > 0 for r in ratios)

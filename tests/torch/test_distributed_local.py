@@ -101,15 +101,110 @@ def test_plain_init_picks_occl_for_the_accelerator():
 
 
 # --- stream semantics -------------------------------------------------------------------------------
-def test_collective_is_a_launch_on_the_current_stream(group, launches):
+def collective_streams(launches, name: str = "occl:all_reduce") -> list[tuple[int, int]]:
+    return [(device, stream) for kernel, device, stream in launches if kernel == name]
+
+
+def test_collective_runs_on_the_group_stream_after_the_current_stream(group, launches, blocked):
+    """async_op=True, like NCCL: the collective runs on the group's own stream, once the caller's stream
+    reaches the call."""
     side = torch.openreg.Stream()
     t = torch.ones(4, device="openreg")
     side.wait_stream(torch.openreg.current_stream())
     with torch.openreg.stream(side):
+        gate = blocked()  # work queued on the caller's stream before the collective
         work = dist.all_reduce(t, async_op=True)
+    time.sleep(0.2)
+    assert not work.is_completed()  # it waits for the side stream's earlier work
+    gate.set()
     work.wait()
+    dist.all_reduce(t, async_op=True).wait()
     torch.openreg.synchronize()
-    assert ("occl:all_reduce", 0, side.stream_id) in launches
+    streams = collective_streams(launches)
+    assert len(streams) == 2 and streams[0] == streams[1]  # one stream per group and device
+    assert streams[0][1] not in (0, side.stream_id)
+
+
+def test_synchronous_collective_runs_on_the_current_stream(group, launches):
+    """async_op=False, like ProcessGroupNCCL since PyTorch 2.8: the caller waits anyway, so the collective
+    is a launch on its current stream (no event waits between two streams)."""
+    side = torch.openreg.Stream()
+    t = torch.ones(4, device="openreg")
+    side.wait_stream(torch.openreg.current_stream())
+    with torch.openreg.stream(side):
+        dist.all_reduce(t)
+        dist.all_gather_into_tensor(torch.empty(4, device="openreg"), t)
+        dist.barrier(device_ids=[0])
+        dist.broadcast(t, 0)  # c10d's broadcast_ operator drops asyncOp (for every backend): always async
+    torch.openreg.synchronize()
+    ran = [(name, stream) for name, _, stream in launches if name.startswith("occl:")]
+    assert ran[:3] == [("occl:all_reduce", side.stream_id), ("occl:all_gather_into_tensor", side.stream_id),
+                       ("occl:barrier", side.stream_id)]
+    assert ran[3][0] == "occl:broadcast" and ran[3][1] != side.stream_id
+
+
+def test_a_loop_of_collectives_queues_no_waits_on_the_group_stream(group, launches, blocked):
+    """Each call waits for the caller's stream only if work was queued there since the last one waited."""
+    t = torch.ones(4, device="openreg")
+    t.mul_(1)  # the fallback runs an operator's first call synchronously
+    gate = blocked()  # the caller's stream holds: each of its items is still pending at the next launch
+    for i in range(5):
+        dist.all_reduce(t, async_op=True).wait()
+        if i == 2:
+            t.mul_(2)  # work queued on the caller's stream: the next collective waits for it
+    gate.set()
+    torch.openreg.synchronize()
+    (device, stream), *_ = collective_streams(launches)
+    queued = [name for name, d, s in launches if (d, s) == (device, stream)]
+    assert queued == ["wait_event"] + ["occl:all_reduce"] * 3 + ["wait_event"] + ["occl:all_reduce"] * 2
+    assert t.cpu().tolist() == [2.0] * 4
+
+
+def test_collective_after_a_wait_waits_for_work_queued_before_the_wait(group, blocked, asynchronous):
+    t = torch.ones(4, device="openreg")
+    work = dist.all_reduce(t, async_op=True)
+    gate = blocked()  # queued on the caller's stream after the collective, before the wait
+    u = torch.full((4,), 3.0, device="openreg")  # held behind the gate
+    work.wait()
+    later = dist.all_reduce(u, async_op=True)
+    time.sleep(0.2)
+    assert not later.is_completed()  # it waits for u's fill, not only for the first collective
+    gate.set()
+    later.wait()
+    assert u.cpu().tolist() == [3.0] * 4
+
+
+def test_groups_have_their_own_streams(group, launches):
+    other = dist.new_group(backend="occl")
+    t = torch.ones(4, device="openreg")
+    dist.all_reduce(t, async_op=True).wait()
+    dist.all_reduce(t, group=other, async_op=True).wait()
+    torch.openreg.synchronize()
+    first, second = collective_streams(launches)
+    assert first != second
+    dist.destroy_process_group(other)
+
+
+def test_current_stream_goes_on_while_the_collective_is_held(group, launches, asynchronous):
+    """The caller's stream is not held by the collective: only work.wait() orders it after the collective."""
+    t = torch.ones(4, device="openreg")
+    dist.all_reduce(t, async_op=True).wait()
+    torch.openreg.synchronize()
+    (device, stream), = collective_streams(launches)
+    gate = threading.Event()
+    openreg.get_stream(device, stream).launch(gate.wait, 30, name="gate")  # holds the group's stream
+    try:
+        work = dist.all_reduce(t, async_op=True)
+        u = torch.arange(3.0, device="openreg") * 2
+        assert u.cpu().tolist() == [0.0, 2.0, 4.0]  # the current stream ran past the collective
+        assert not work.is_completed()
+        work.wait()
+        v = t + 0  # queued after the collective on the current stream
+        threading.Timer(0.2, gate.set).start()
+        assert v.cpu().tolist() == [1.0] * 4
+        assert work.is_completed()
+    finally:
+        gate.set()
 
 
 def test_wait_orders_the_stream_without_blocking_the_host(group, blocked):
@@ -193,6 +288,89 @@ def test_error_in_the_kernel_surfaces_at_synchronize(no_leak, group, blocked):
         dist.all_reduce(t)  # later calls fail at once
 
 
+def test_error_reaches_the_stream_it_was_launched_from(no_leak, group, blocked):
+    side = torch.openreg.Stream()
+    t = torch.ones(4, device="openreg")
+    side.wait_stream(torch.openreg.current_stream())
+    with torch.openreg.stream(side):
+        gate = blocked()
+        work = dist.all_reduce(t, async_op=True)
+        occl(group).abort()  # the collective has not run: it fails when it does
+        gate.set()
+        work.wait()
+        with pytest.raises(RuntimeError, match=rf"occl:all_reduce on openreg:0 stream {side.stream_id} .* destroyed"):
+            side.synchronize()
+    torch.openreg.synchronize()  # reported once, to the stream it was launched from
+    assert not work.is_success()
+
+
+def test_memory_of_a_freed_tensor_waits_for_the_collective(no_leak, group, blocked):
+    gate = blocked()
+    t = torch.ones(1 << 16, device="openreg")
+    ptr = t.data_ptr()
+    dist.all_reduce(t, async_op=True)
+    del t  # the queued collective holds it until it has run
+    u = torch.empty(1 << 16, device="openreg")
+    assert u.data_ptr() != ptr
+    gate.set()
+    torch.openreg.synchronize()
+    del u
+
+
+def test_profiler_shows_collectives_on_their_streams(group):
+    """torch.profiler (PrivateUse1 activities) shows each collective as a kernel on the stream it ran on,
+    linked to the operator that launched it."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    t = torch.ones(1 << 10, device="openreg")
+    dist.all_reduce(t, async_op=True).wait()
+    torch.openreg.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1]) as prof:
+        dist.all_reduce(t)
+        dist.all_reduce(t, async_op=True).wait()
+        torch.openreg.synchronize()
+    kernels = sorted((e for e in prof.events() if e.device_type == DeviceType.PrivateUse1
+                      and e.name == "occl:all_reduce"), key=lambda e: e.time_range.start)
+    assert len(kernels) == 2 and all(e.linked_correlation_id > 0 for e in kernels)
+    current = torch.openreg.current_stream().stream_id
+    assert kernels[0].device_resource_id == current and kernels[1].device_resource_id != current
+
+
+@pytest.mark.parametrize("async_op", [False, True])
+def test_collective_in_a_graph_capture_is_refused(no_leak, group, async_op):
+    """A collective cannot be recorded into a device graph (it is ordered and checked across ranks at launch):
+    the call raises, the capture is invalidated as CUDA invalidates one, and the group goes on."""
+    t = torch.ones(4, device="openreg")
+    graph = torch.openreg.Graph()
+    invalidated = "graph capture was invalidated: occl: all_reduce on openreg:0 .* graph capture"
+    with pytest.raises(RuntimeError, match=invalidated):
+        with torch.openreg.graph(graph):
+            t.mul_(2)
+            with pytest.raises(RuntimeError, match="all_reduce .* during a graph capture: occl orders and checks"):
+                dist.all_reduce(t, async_op=async_op)
+    dist.all_reduce(t, async_op=async_op)  # the refused call gave its place up: the next one runs
+    torch.openreg.synchronize()
+    assert t.cpu().tolist() == [1.0] * 4  # nothing captured ran
+    del t, graph
+
+
+def test_timing_model_prices_collectives_on_either_stream(group):
+    """Under the timing model (torch.openreg.simulate), a collective is priced over the interconnect whether it
+    runs on the caller's stream (synchronous) or on the group's stream (asynchronous)."""
+    t = torch.ones(1 << 12, device="openreg")
+    dist.all_reduce(t, async_op=True).wait()  # the group's stream exists before the measurement
+    torch.openreg.synchronize()
+    with torch.openreg.simulate("h100-sxm") as report:
+        dist.all_reduce(t)
+        dist.all_reduce(t, async_op=True).wait()
+        torch.openreg.synchronize()
+    priced = [launch for launch in report.launches if launch.name == "occl:all_reduce"]
+    assert len(priced) == 2
+    assert all(launch.cost is not None and launch.cost.collective == "all_reduce" for launch in priced)
+    assert all(launch.cost.bytes == t.numel() * 4 and launch.cost.ranks == 1 for launch in priced)
+
+
 # --- argument errors (raised at the call, nothing launched) ------------------------------------------
 def test_cpu_tensor_through_occl(group):
     with pytest.raises(RuntimeError, match=r"occl: all_reduce got a tensor on cpu.*cpu:gloo,openreg:occl"):
@@ -254,8 +432,28 @@ def test_other_device_launches_there(group, two_devices, launches):
     t = torch.ones(2, device="openreg:1")
     dist.all_reduce(t)
     torch.openreg.synchronize(1)
-    assert ("occl:all_reduce", 1, 0) in launches
+    assert [device for device, _ in collective_streams(launches)] == [1]
     assert openreg.get_device() == 0
+
+
+def test_fully_shard_moves_a_cpu_module_onto_openreg(group):
+    """FSDP2 moves a CPU module's parameters with ``param.data =`` (openreg registers the shallow-copy check)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    reference = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    reference.load_state_dict(model.state_dict())
+    mesh = init_device_mesh("openreg", (1,))
+    fully_shard(model[0], mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    assert {p.device.type for p in model.parameters()} == {"openreg"}
+    x = torch.randn(4, 8)
+    model(x.to("openreg")).sum().backward()
+    reference(x).sum().backward()
+    for p, q in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(p.grad.full_tensor().cpu(), q.grad)
 
 
 def test_ddp_runtime_statistics(group):

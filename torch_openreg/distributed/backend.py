@@ -27,10 +27,12 @@ from datetime import timedelta
 import torch
 
 import openreg
-from torch_openreg.aten.launch import host_views, launch
+from openreg.stream import LAUNCH_BLOCKING
+from torch_openreg.aten.launch import detach_frames, host_views, launch
 from torch_openreg.timing import costs as timing_costs
 
 from .checks import Checker, Header, MismatchError, Signature, describe
+from .streams import GroupStream
 from .transport import Transport
 from .work import Coalesced, Work
 
@@ -98,12 +100,13 @@ class OCCL:
         self._lock = threading.Lock()  # launches of this group: numbers, tickets and launches in one order
         self._coalesced: list | None = None  # (name, device, ops, outputs, work) while coalescing
         self._last: dict[int, openreg.Event] = {}  # per device, the end of the last collective launched
+        self._streams: dict[int, GroupStream] = {}  # per device, the stream the group's collectives run on
         self._closed = False
 
     # LITERALINCLUDE START: OCCL SUBMIT
     def _submit(self, name: str, device: int, ops: list[_Op], outputs: list[torch.Tensor],
-                blocking: bool = False) -> Work:
-        """Number ``ops`` for the checks, take a ticket and launch them as one kernel on the current stream."""
+                blocking: bool = False, async_op: bool = True) -> Work:
+        """Number ``ops`` for the checks, take a ticket and launch them as one kernel."""
         if self._coalesced is not None:  # launched later, with the whole group (end_coalescing)
             work = Coalesced(name, device, outputs)
             for op in ops:
@@ -117,22 +120,49 @@ class OCCL:
             op.work = work
         with self._lock:
             self._start(ops)
-            self._launch(device, ops, work, f"occl:{name}")
+            self._launch(device, ops, work, f"occl:{name}", async_op)
         return work
 
-    def _launch(self, device: int, ops: list[_Op], work: Work, kernel_name: str) -> None:
-        """Queue the kernel on the device's current stream (under the launch lock) and mark its end."""
+    def _launch(self, device: int, ops: list[_Op], work: Work, kernel_name: str, async_op: bool = True) -> None:
+        """Queue the kernel (under the launch lock) and mark its end, where ProcessGroupNCCL would run it.
+
+        ``async_op=False`` (the caller waits): on the caller's current stream. ``async_op=True`` (DDP's
+        buckets, functional collectives, ``async_op=True`` calls): on the group's stream of ``device``,
+        after the work queued so far on the caller's stream, so that the caller's stream goes on meanwhile.
+        The queued kernel holds its tensors until it has run, so their memory cannot go back to the caller
+        stream's pool while the collective may still use it (NCCL's stash of the tensors of an async op).
+        """
         ticket = self.transport.ticket()
+        caller = stream = openreg.current_stream(device)
+        if openreg.is_capturing(caller):  # before the group's stream could join the capture
+            self._withdraw(ops, ticket)
+            openreg.refuse_capture(caller, f"occl: {kernel_name.removeprefix('occl:')} on openreg:{device} stream "
+                                   f"{caller.id} during a graph capture: occl orders and checks each collective "
+                                   "across ranks when it is launched, so a replay cannot repeat it")
+        tensors = [t for op in ops for t in op.tensors]
+        work.caller, work.kernel = caller, kernel_name
+        if async_op:
+            group_stream = self._streams.get(device)
+            if group_stream is None:
+                group_stream = self._streams[device] = GroupStream(device)
+            work.group_stream, stream = group_stream, group_stream.stream
+            group_stream.after(caller)  # the collective starts once the caller's stream reaches this point
+            openreg.set_stream(stream)
         try:
-            tensors = [t for op in ops for t in op.tensors]
             if openreg.timing.active:  # the timing model: alpha-beta over the interconnect (torch_openreg/timing)
                 timing_costs.price_collective(kernel_name, tensors, self.size)
-            stream, _ = launch(device, self._kernel, work.name, ticket, ops, work, tensors=tensors, name=kernel_name)
+            launch(device, self._kernel, work.name, ticket, ops, work, tensors=tensors, name=kernel_name)
         except BaseException:
-            self._withdraw(ops, ticket)
+            if not work.ran:  # (with OPENREG_LAUNCH_BLOCKING=1 the kernel ran, and its error is the caller's)
+                self._withdraw(ops, ticket)
             raise
+        finally:
+            if stream is not caller:
+                openreg.set_stream(caller)
         work.record(stream)
         self._last[device] = work.event
+        if LAUNCH_BLOCKING and stream is not caller:
+            caller.check_error()  # the collective ran at its launch: its error is reported here
 
     def _withdraw(self, ops: list[_Op], ticket: int) -> None:
         """A launch failed after its ops were numbered: give their places up, so no peer waits for them."""
@@ -150,15 +180,23 @@ class OCCL:
                 op.check = self.checker.add(op.signature)
 
     def _kernel(self, name: str, ticket: int, ops: list[_Op], work: Work) -> None:
-        """On the stream: in ticket order, check against the peers and issue; then wait, GIL released."""
+        """On its stream: in ticket order, check against the peers and issue; then wait, GIL released.
+
+        A failure is reported to the stream the collective was launched from, at its next synchronizing
+        call, as a kernel launched there would report it (from the group's stream, by ``report_failure``).
+        """
+        work.ran = True
         handles: list = []
         finishes = []
         try:
-            with self.transport.turn(ticket):
+            try:
+                self.transport.turn(ticket)
                 for op in ops:
                     self._verify(op)
                 for op in ops:
                     finishes.append(op.issue(host_views(*op.tensors), handles))
+            finally:
+                self.transport.release(ticket)
             try:
                 for handle in handles:
                     handle.wait()
@@ -173,7 +211,10 @@ class OCCL:
             # the message only: the exception's frames hold this kernel's Work, which C++ holds too (a
             # cycle through C++ that the garbage collector cannot see, keeping the tensors alive)
             work.error = f"{type(exc).__name__}: {exc}"
-            raise
+            if work.group_stream is None or not isinstance(exc, Exception):
+                raise  # on the caller's own stream, which reports it (with its launch site, if asked)
+            detach_frames(exc)  # its frames hold host views of device memory
+            work.caller.report_failure(work.kernel, exc)
     # LITERALINCLUDE END: OCCL SUBMIT
 
     def _verify(self, op: _Op) -> None:
@@ -330,7 +371,8 @@ class OCCL:
         return _Op([t, *factor_t], issue)
 
     # LITERALINCLUDE START: OCCL ALLREDUCE
-    def allreduce(self, tensors: Sequence[torch.Tensor], reduction: tuple, timeout_ms: int) -> Work:
+    def allreduce(self, tensors: Sequence[torch.Tensor], reduction: tuple, timeout_ms: int,
+                  async_op: bool = True) -> Work:
         name = "all_reduce"
         device = self._device(name, tensors)
         t = self._one(name, tensors)
@@ -338,10 +380,11 @@ class OCCL:
         sent = self._reduce_op(t, op, factor,
                                lambda buf, gop, handles: handles.append(self.transport.allreduce(buf, gop, timeout_ms)))
         sent.signature = self._signature(f"all_reduce {describe(t)} op={OP_NAMES[op]}")
-        return self._submit(name, device, [sent], [t])
+        return self._submit(name, device, [sent], [t], async_op=async_op)
     # LITERALINCLUDE END: OCCL ALLREDUCE
 
-    def allreduce_coalesced(self, tensors: Sequence[torch.Tensor], reduction: tuple, timeout_ms: int) -> Work:
+    def allreduce_coalesced(self, tensors: Sequence[torch.Tensor], reduction: tuple, timeout_ms: int,
+                            async_op: bool = True) -> Work:
         name = "all_reduce_coalesced"
         device = self._device(name, tensors)
         ops = []
@@ -352,10 +395,10 @@ class OCCL:
                 lambda buf, gop, handles: handles.append(self.transport.allreduce(buf, gop, timeout_ms)))
             sent.signature = self._signature(f"all_reduce_coalesced {describe(t)} op={OP_NAMES[op]}")
             ops.append(sent)
-        return self._submit(name, device, ops, list(tensors))
+        return self._submit(name, device, ops, list(tensors), async_op=async_op)
 
     def reduce(self, tensors: Sequence[torch.Tensor], reduction: tuple, root: int, root_tensor: int,
-               timeout_ms: int) -> Work:
+               timeout_ms: int, async_op: bool = True) -> Work:
         name = "reduce"
         device = self._device(name, tensors)
         t = self._one(name, tensors)
@@ -364,7 +407,7 @@ class OCCL:
         sent = self._reduce_op(t, op, factor, lambda buf, gop, handles: handles.append(
             self.transport.reduce(buf, gop, root, timeout_ms)), root=root)
         sent.signature = self._signature(f"reduce {describe(t)} op={OP_NAMES[op]} root={root}")
-        return self._submit(name, device, [sent], [t])
+        return self._submit(name, device, [sent], [t], async_op=async_op)
 
     def _reduce_scatter_op(self, name: str, out: torch.Tensor, inputs: list[torch.Tensor], reduction: tuple,
                            timeout_ms: int) -> _Op:
@@ -398,21 +441,22 @@ class OCCL:
         return sent
 
     def reduce_scatter(self, outputs: Sequence[torch.Tensor], inputs: Sequence[Sequence[torch.Tensor]],
-                       reduction: tuple, timeout_ms: int) -> Work:
+                       reduction: tuple, timeout_ms: int, async_op: bool = True) -> Work:
         name = "reduce_scatter"
         device = self._device(name, outputs, *inputs)
         out = self._one(name, outputs)
         ins = list(self._one(name, inputs))
         if len(ins) != self.size:
             raise RuntimeError(f"occl: {name} needs one input per rank ({self.size}), got {len(ins)}")
-        return self._submit(name, device, [self._reduce_scatter_op(name, out, ins, reduction, timeout_ms)], [out])
+        return self._submit(name, device, [self._reduce_scatter_op(name, out, ins, reduction, timeout_ms)], [out],
+                            async_op=async_op)
 
     def reduce_scatter_tensor(self, output: torch.Tensor, input: torch.Tensor, reduction: tuple,
-                              timeout_ms: int) -> Work:
+                              timeout_ms: int, async_op: bool = True) -> Work:
         name = "reduce_scatter_tensor"
         device = self._device(name, [output, input])
         return self._submit(name, device, [self._reduce_scatter_tensor_op(name, output, input, reduction,
-                                                                          timeout_ms)], [output])
+                                                                          timeout_ms)], [output], async_op=async_op)
 
     def _reduce_scatter_tensor_op(self, name: str, output: torch.Tensor, input: torch.Tensor, reduction: tuple,
                                   timeout_ms: int) -> _Op:
@@ -425,16 +469,17 @@ class OCCL:
         return self._reduce_scatter_op(name, output, chunks, reduction, timeout_ms)
 
     def reduce_scatter_tensor_coalesced(self, outputs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor],
-                                        reduction: tuple, timeout_ms: int) -> Work:
+                                        reduction: tuple, timeout_ms: int, async_op: bool = True) -> Work:
         name = "reduce_scatter_tensor_coalesced"
         device = self._device(name, outputs, inputs)
         if len(outputs) != len(inputs):
             raise RuntimeError(f"occl: {name} got {len(outputs)} outputs for {len(inputs)} inputs")
         ops = [self._reduce_scatter_tensor_op(name, o, i, reduction, timeout_ms) for o, i in zip(outputs, inputs)]
-        return self._submit(name, device, ops, list(outputs))
+        return self._submit(name, device, ops, list(outputs), async_op=async_op)
 
     # --- data movement (raw bytes: any dtype) ------------------------------------------------------
-    def broadcast(self, tensors: Sequence[torch.Tensor], root: int, root_tensor: int, timeout_ms: int) -> Work:
+    def broadcast(self, tensors: Sequence[torch.Tensor], root: int, root_tensor: int, timeout_ms: int,
+                  async_op: bool = True) -> Work:
         name = "broadcast"
         device = self._device(name, tensors)
         t = self._one(name, tensors)
@@ -476,21 +521,21 @@ class OCCL:
             sends=[nbytes] * size, recvs=[o.numel() * o.element_size() for o in outputs]))
 
     def allgather(self, outputs: Sequence[Sequence[torch.Tensor]], inputs: Sequence[torch.Tensor],
-                  timeout_ms: int) -> Work:
+                  timeout_ms: int, async_op: bool = True) -> Work:
         name = "all_gather"
         device = self._device(name, inputs, *outputs)
         t = self._one(name, inputs)
         outs = list(self._one(name, outputs))
-        return self._submit(name, device, [self._allgather_op(name, outs, t, timeout_ms)], outs)
+        return self._submit(name, device, [self._allgather_op(name, outs, t, timeout_ms)], outs, async_op=async_op)
 
     def allgather_coalesced(self, outputs: Sequence[Sequence[torch.Tensor]], inputs: Sequence[torch.Tensor],
-                            timeout_ms: int) -> Work:
+                            timeout_ms: int, async_op: bool = True) -> Work:
         name = "all_gather_coalesced"
         device = self._device(name, inputs, *outputs)
         if len(outputs) != len(inputs):
             raise RuntimeError(f"occl: {name} got {len(outputs)} output lists for {len(inputs)} inputs")
         ops = [self._allgather_op(name, list(o), t, timeout_ms) for o, t in zip(outputs, inputs)]
-        return self._submit(name, device, ops, [t for o in outputs for t in o])
+        return self._submit(name, device, ops, [t for o in outputs for t in o], async_op=async_op)
 
     def _allgather_into_op(self, name: str, output: torch.Tensor, t: torch.Tensor, timeout_ms: int) -> _Op:
         if output.dtype != t.dtype:
@@ -506,19 +551,21 @@ class OCCL:
 
         return _Op([t, output], issue, self._signature(f"{name} {describe(t)}"))
 
-    def allgather_into_tensor(self, output: torch.Tensor, input: torch.Tensor, timeout_ms: int) -> Work:
+    def allgather_into_tensor(self, output: torch.Tensor, input: torch.Tensor, timeout_ms: int,
+                              async_op: bool = True) -> Work:
         name = "all_gather_into_tensor"
         device = self._device(name, [output, input])
-        return self._submit(name, device, [self._allgather_into_op(name, output, input, timeout_ms)], [output])
+        return self._submit(name, device, [self._allgather_into_op(name, output, input, timeout_ms)], [output],
+                            async_op=async_op)
 
     def allgather_into_tensor_coalesced(self, outputs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor],
-                                        timeout_ms: int) -> Work:
+                                        timeout_ms: int, async_op: bool = True) -> Work:
         name = "all_gather_into_tensor_coalesced"
         device = self._device(name, outputs, inputs)
         if len(outputs) != len(inputs):
             raise RuntimeError(f"occl: {name} got {len(outputs)} outputs for {len(inputs)} inputs")
         ops = [self._allgather_into_op(name, o, i, timeout_ms) for o, i in zip(outputs, inputs)]
-        return self._submit(name, device, ops, list(outputs))
+        return self._submit(name, device, ops, list(outputs), async_op=async_op)
 
     def _root_list(self, name: str, lists: Sequence[Sequence[torch.Tensor]], what: str, t: torch.Tensor,
                    root: int) -> list[torch.Tensor]:
@@ -534,7 +581,7 @@ class OCCL:
         return tensors
 
     def gather(self, outputs: Sequence[Sequence[torch.Tensor]], inputs: Sequence[torch.Tensor], root: int,
-               timeout_ms: int) -> Work:
+               timeout_ms: int, async_op: bool = True) -> Work:
         name = "gather"
         device = self._device(name, inputs, *outputs)
         t = self._one(name, inputs)
@@ -552,10 +599,10 @@ class OCCL:
             return finish
 
         return self._submit(name, device, [_Op([t, *outs], issue, self._signature(
-            f"gather {describe(t)} root={root}"))], outs)
+            f"gather {describe(t)} root={root}"))], outs, async_op=async_op)
 
     def scatter(self, outputs: Sequence[torch.Tensor], inputs: Sequence[Sequence[torch.Tensor]], root: int,
-                timeout_ms: int) -> Work:
+                timeout_ms: int, async_op: bool = True) -> Work:
         name = "scatter"
         device = self._device(name, outputs, *inputs)
         t = self._one(name, outputs)
@@ -569,10 +616,10 @@ class OCCL:
             return dst.store
 
         return self._submit(name, device, [_Op([t, *ins], issue, self._signature(
-            f"scatter {describe(t)} root={root}"))], [t])
+            f"scatter {describe(t)} root={root}"))], [t], async_op=async_op)
 
     def alltoall_base(self, output: torch.Tensor, input: torch.Tensor, output_splits: list[int],
-                      input_splits: list[int], timeout_ms: int) -> Work:
+                      input_splits: list[int], timeout_ms: int, async_op: bool = True) -> Work:
         name = "all_to_all_single"
         device = self._device(name, [output, input])
         if output.dtype != input.dtype:
@@ -591,7 +638,7 @@ class OCCL:
         return self._submit(name, device, [_Op([output, input], issue, self._signature(
             f"{name} {describe(input).split('[')[0]}",
             f"{name} {describe(input)} splits {ins} into {describe(output)} splits {outs}",
-            sends=[n * row for n in ins], recvs=[n * out_row for n in outs]))], [output])
+            sends=[n * row for n in ins], recvs=[n * out_row for n in outs]))], [output], async_op=async_op)
 
     def _splits(self, name: str, what: str, t: torch.Tensor, splits: list[int]) -> list[int]:
         rows = t.shape[0] if t.dim() else 1
@@ -605,7 +652,8 @@ class OCCL:
                                f"sizes adding up to its {rows} rows")
         return list(splits)
 
-    def alltoall(self, outputs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor], timeout_ms: int) -> Work:
+    def alltoall(self, outputs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor], timeout_ms: int,
+                 async_op: bool = True) -> Work:
         name = "all_to_all"
         device = self._device(name, outputs, inputs)
         if len(outputs) != self.size or len(inputs) != self.size:
@@ -631,7 +679,7 @@ class OCCL:
 
         return self._submit(name, device, [_Op([*outputs, *inputs], issue, self._signature(
             f"{name} {describe(t).split('[')[0]}", f"{name} sends {sends} bytes, receives {recvs} bytes",
-            sends=sends, recvs=recvs))], list(outputs))
+            sends=sends, recvs=recvs))], list(outputs), async_op=async_op)
 
     # LITERALINCLUDE START: OCCL P2P
     def send(self, tensors: Sequence[torch.Tensor], dst: int, tag: int) -> Work:
@@ -690,14 +738,15 @@ class OCCL:
         if peer == self.rank:
             raise ValueError(f"occl: {name} to or from itself (rank {peer}) would never complete")
 
-    def barrier(self, device: int | None, timeout_ms: int) -> Work:
+    def barrier(self, device: int | None, timeout_ms: int, async_op: bool = True) -> Work:
         """Every rank reaches this point of its stream; ``wait()`` then holds the host, as NCCL's does."""
         device = openreg.get_device() if device is None else device
 
         def issue(views: list, handles: list):
             handles.append(self.transport.barrier(timeout_ms))
 
-        return self._submit("barrier", device, [_Op([], issue, self._signature("barrier"))], [], blocking=True)
+        return self._submit("barrier", device, [_Op([], issue, self._signature("barrier"))], [], blocking=True,
+                            async_op=async_op)
 
 
 def _drain(handles: list) -> None:

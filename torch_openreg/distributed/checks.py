@@ -8,8 +8,9 @@ the same decision: all run the transfer, or all raise.
 
 The descriptions travel on the transport's ``ctrl`` context in *windows* (:class:`Checker`): the
 first kernel that needs an unchecked collective exchanges the descriptions of every collective its
-rank has launched from there on (up to :data:`WINDOW`), and the collectives that every rank had
-launched are settled at once. A loop of collectives pays one small exchange for many of them.
+rank has launched from there on (up to the window's size, which grows from :data:`WINDOW` while
+windows fill up, the same way on every rank), and the collectives that every rank had launched are
+settled at once. A loop of collectives pays one small exchange for many of them.
 Point-to-point calls send a header ahead of their data instead (:class:`Header`).
 """
 
@@ -21,7 +22,7 @@ from collections.abc import Sequence
 
 import torch
 
-WINDOW = 32  # collectives settled by one exchange, at most
+WINDOW, MAX_WINDOW = 32, 512  # collectives one exchange settles at most: at first, and when windows keep filling
 _TEXT = 240  # bytes of readable description, exchanged only to explain a mismatch
 _DIGEST = 16
 _WITHDRAWN = "(nothing: the call failed when it was launched)"
@@ -29,6 +30,9 @@ _WITHDRAWN = "(nothing: the call failed when it was launched)"
 
 class MismatchError(RuntimeError):
     """Ranks called one collective with arguments that do not fit together."""
+
+
+_RECORDS: dict[tuple[str, int], bytes] = {}  # (what must be equal, world size) -> record
 
 
 def _digest(text: str) -> bytes:
@@ -44,8 +48,16 @@ class Signature:
 
     def __init__(self, same: str, text: str | None = None, sends: Sequence[int] | None = None,
                  recvs: Sequence[int] | None = None, size: int = 1) -> None:
-        pairs = [*sends, *recvs] if sends is not None else [-1] * (2 * size)
-        self.record = _digest(same) + struct.pack(f"<{2 * size}q", *pairs)
+        if sends is None:  # the common case, and the same records over and over in a training loop
+            key = (same, size)
+            record = _RECORDS.get(key)
+            if record is None:
+                record = _digest(same) + struct.pack(f"<{2 * size}q", *[-1] * (2 * size))
+                if len(_RECORDS) < 4096:
+                    _RECORDS[key] = record
+        else:
+            record = _digest(same) + struct.pack(f"<{2 * size}q", *sends, *recvs)
+        self.record = record
         self.text = text or same
 
     @staticmethod
@@ -83,6 +95,13 @@ class Checker:
         self._launched: dict[int, Signature] = {}  # number -> signature, until settled
         self._settled: dict[int, str | None] = {}  # number -> mismatch message, until its kernel asks
         self._next = 0
+        self.window = WINDOW  # collectives one exchange can settle (the same on every rank)
+        self._no_counts = struct.pack(f"<{2 * self.size}q", *[-1] * (2 * self.size))
+
+    def _same(self, records: list[bytes]) -> bool:
+        """The common case, settled without unpacking: every rank's record is the same, with no byte counts."""
+        first = records[0]
+        return first.endswith(self._no_counts) and all(r == first for r in records)
 
     def add(self, signature: Signature) -> int:
         """Number the collective just launched (in program order, the same on every rank)."""
@@ -103,18 +122,25 @@ class Checker:
             raise MismatchError(problem)
 
     def _exchange(self, start: int) -> None:
-        window = []
-        while start + len(window) in self._launched and len(window) < WINDOW:
+        window, limit = [], self.window
+        while start + len(window) in self._launched and len(window) < limit:
             window.append(self._launched[start + len(window)])
-        mine = bytearray(8 + WINDOW * self.record_size)
+        mine = bytearray(8 + limit * self.record_size)
         struct.pack_into("<q", mine, 0, len(window))
         for i, signature in enumerate(window):
             mine[8 + i * self.record_size: 8 + (i + 1) * self.record_size] = signature.record
         theirs = self.transport.exchange(mine)
-        settled = min(struct.unpack_from("<q", b)[0] for b in theirs)  # launched on every rank
+        counts = [struct.unpack_from("<q", b)[0] for b in theirs]
+        settled = min(counts)  # launched on every rank
+        # every rank sees the same counts, so every rank sizes its next window the same way: larger while
+        # windows fill up (fewer exchanges when launches run ahead), smaller when they stay nearly empty
+        if max(counts) >= limit:
+            self.window = min(2 * limit, MAX_WINDOW)
+        elif 4 * max(counts) <= limit:
+            self.window = max(limit // 2, WINDOW)
         for i in range(settled):
             records = [b[8 + i * self.record_size: 8 + (i + 1) * self.record_size] for b in theirs]
-            problem = compare(records, self.size)
+            problem = None if self._same(records) else compare(records, self.size)
             if problem is not None:  # every rank sees it: every rank asks for the texts, in the same order
                 texts = self.transport.exchange(window[i].text.encode()[:_TEXT].ljust(_TEXT, b"\0"))
                 calls = "; ".join(f"rank {r}: {_read(t)}" for r, t in enumerate(texts))
@@ -159,4 +185,10 @@ def _read(raw: bytes) -> str:
 
 
 def _dtype(t: torch.Tensor) -> str:
-    return str(t.dtype).removeprefix("torch.")
+    name = _DTYPES.get(t.dtype)
+    if name is None:
+        name = _DTYPES[t.dtype] = str(t.dtype).removeprefix("torch.")
+    return name
+
+
+_DTYPES: dict[torch.dtype, str] = {}

@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from datetime import timedelta
 
 import torch
@@ -56,6 +56,7 @@ class Transport:
         self._tickets = itertools.count()  # launches take them under their group's launch lock
         self._turn = 0  # ticket whose kernel may issue now
         self._released: set[int] = set()  # tickets that finished issuing (or will never issue)
+        self._waiting = 0  # kernels waiting for their turn
         self._closed = False
 
     # LITERALINCLUDE START: OCCL TURNS
@@ -67,33 +68,38 @@ class Transport:
         """
         return next(self._tickets)
 
+    def turn(self, ticket: int) -> None:
+        """Wait until every earlier ticket has issued; the kernel then issues and calls :meth:`release`.
+
+        The kernels of one process group on one device run in order on the group's stream, but a group may
+        use several devices, whose streams run in any order; gloo matches transfers by their order of issue,
+        so a kernel that runs early waits here (with the GIL released) for those launched before it. Only
+        issuing is ordered: transfers already issued run on gloo's threads while the next kernel issues.
+        """
+        if self._turn == ticket and not self._closed:  # the common case, no lock: only this ticket moves it on
+            return
+        with self._cond:
+            self._waiting += 1
+            try:
+                while self._turn != ticket and not self._closed:
+                    self._cond.wait()
+            finally:
+                self._waiting -= 1
+        if self._closed:
+            raise Closed("occl: the process group was destroyed before this collective ran")
+
     def release(self, ticket: int) -> None:
         """``ticket`` has issued its transfers (or never will): let the next one go."""
         with self._cond:
-            self._released.add(ticket)
-            while self._turn in self._released:
-                self._released.discard(self._turn)
+            if ticket == self._turn and not self._released:
                 self._turn += 1
-            self._cond.notify_all()
-
-    @contextlib.contextmanager
-    def turn(self, ticket: int) -> Iterator[None]:
-        """Wait until every earlier ticket has issued, then let this kernel issue.
-
-        Kernels of one process group may sit on different streams and run in any order; gloo
-        matches transfers by their order of issue, so a kernel that runs early waits here (with
-        the GIL released) for those launched before it. Only issuing is ordered: transfers
-        already issued run on gloo's threads while the next kernel issues its own.
-        """
-        try:
-            with self._cond:
-                while self._turn != ticket and not self._closed:
-                    self._cond.wait()
-                if self._closed:
-                    raise Closed("occl: the process group was destroyed before this collective ran")
-            yield
-        finally:
-            self.release(ticket)
+            else:
+                self._released.add(ticket)
+                while self._turn in self._released:
+                    self._released.discard(self._turn)
+                    self._turn += 1
+            if self._waiting:
+                self._cond.notify_all()
     # LITERALINCLUDE END: OCCL TURNS
 
     def close(self) -> None:
@@ -164,11 +170,20 @@ class Transport:
         return self.data.barrier(_opts(BarrierOptions, timeout_ms))
 
 
+_OPTIONS: dict[tuple, object] = {}
+
+
 def _opts(kind: type, timeout_ms: int, **fields):
-    """A c10d options object; a negative timeout leaves the group's own."""
-    opts = kind()
-    for name, value in fields.items():
-        setattr(opts, name, value)
-    if timeout_ms is not None and timeout_ms >= 0:
-        opts.timeout = timedelta(milliseconds=timeout_ms)
+    """A c10d options object (one per distinct value: gloo copies what it needs from it); a negative
+    timeout leaves the group's own."""
+    key = (kind, timeout_ms, *fields.items())
+    opts = _OPTIONS.get(key)
+    if opts is None:
+        opts = kind()
+        for name, value in fields.items():
+            setattr(opts, name, value)
+        if timeout_ms is not None and timeout_ms >= 0:
+            opts.timeout = timedelta(milliseconds=timeout_ms)
+        if len(_OPTIONS) < 1024:
+            _OPTIONS[key] = opts
     return opts

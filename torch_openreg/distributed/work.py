@@ -17,6 +17,8 @@ import torch
 
 import openreg
 
+from .streams import GroupStream
+
 BLOCKING_WAIT = os.environ.get("OCCL_BLOCKING_WAIT", "0") not in ("", "0")
 
 
@@ -27,14 +29,18 @@ class Work:
         self.name, self.device, self.outputs = name, device, outputs
         self.blocking = blocking  # barrier, receive from any source: wait() holds the host
         self.event = openreg.Event(device=device)
-        self.stream: openreg.Stream | None = None
+        self.stream: openreg.Stream | None = None  # the process group's stream the collective runs on
+        self.caller: openreg.Stream | None = None  # the stream it was launched from, which gets its error
+        self.group_stream: GroupStream | None = None
+        self.kernel = f"occl:{name}"  # the kernel's name, in profiles and error messages
+        self.ran = False  # its kernel has started
         self.error: str | None = None  # "Type: message" of the collective's failure
         self.source = -1  # the sender, once a receive from any source has run
         self._future: torch.futures.Future | None = None
 
     # LITERALINCLUDE START: OCCL WORK RECORD
     def record(self, stream: openreg.Stream) -> None:
-        """Mark the launch just made on ``stream`` (the caller's current stream) as this work's end."""
+        """Mark the launch just made on ``stream`` (the process group's stream) as this work's end."""
         self.stream = stream
         self.event.record(stream)
 
@@ -47,7 +53,11 @@ class Work:
 
     def synchronize(self) -> None:
         """``cudaStreamWaitEvent`` on the current stream of the collective's device."""
-        openreg.current_stream(self.device).wait_event(self.event)
+        stream = openreg.current_stream(self.device)
+        before = stream.launched
+        stream.wait_event(self.event)
+        if self.group_stream is not None:
+            self.group_stream.waited(stream, before)
     # LITERALINCLUDE END: OCCL WORK RECORD
 
     def block(self, timeout_ms: int = 0) -> None:
@@ -63,8 +73,8 @@ class Work:
                 nap = min(2 * nap, 5e-3)
         else:
             self.event.synchronize()
-        if self.stream is not None:
-            self.stream.check_error()
+        if self.caller is not None:
+            self.caller.check_error()
 
     def is_completed(self) -> bool:
         return self.event.query()
@@ -113,6 +123,7 @@ class Coalesced(Work):
     def join(self, group: Work) -> None:
         self.group = group
         self.event, self.stream = group.event, group.stream
+        self.caller, self.group_stream = group.caller, group.group_stream
 
     def get_future(self) -> torch.futures.Future:
         if self.group is None:

@@ -77,7 +77,8 @@ class PyWork final : public c10d::Work {
 // LITERALINCLUDE END: OCCL WORK
 
 // LITERALINCLUDE START: OCCL BACKEND
-// A c10d::Backend whose collectives are methods of a Python object, each returning a Python Work.
+// A c10d::Backend whose collectives are methods of a Python object, each returning a Python Work. Each
+// gets its options as plain values, ending with the timeout (ms, -1: the group's) and asyncOp.
 class PyBackend final : public c10d::Backend {
  public:
   PyBackend(py::object impl, int rank, int size, std::chrono::milliseconds timeout)
@@ -100,59 +101,61 @@ class PyBackend final : public c10d::Backend {
   void shutdown() override { call<void>("shutdown"); }
 
   WorkPtr broadcast(std::vector<at::Tensor>& tensors, const c10d::BroadcastOptions& o) override {
-    return work(OpType::BROADCAST, "broadcast", tensors, o.rootRank, o.rootTensor, ms(o.timeout));
+    return work(OpType::BROADCAST, "broadcast", tensors, o.rootRank, o.rootTensor, ms(o.timeout), o.asyncOp);
   }
   WorkPtr allreduce(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& o) override {
-    return work(OpType::ALLREDUCE, "allreduce", tensors, reduction(o.reduceOp), ms(o.timeout));
+    return work(OpType::ALLREDUCE, "allreduce", tensors, reduction(o.reduceOp), ms(o.timeout), o.asyncOp);
   }
   WorkPtr allreduce_coalesced(std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& o) override {
     return work(OpType::ALLREDUCE_COALESCED, "allreduce_coalesced", tensors, reduction(o.reduceOp),
-                ms(o.timeout));
+                ms(o.timeout), o.asyncOp);
   }
   WorkPtr reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& o) override {
     return work(OpType::REDUCE, "reduce", tensors, reduction(o.reduceOp), o.rootRank, o.rootTensor,
-                ms(o.timeout));
+                ms(o.timeout), o.asyncOp);
   }
   WorkPtr allgather(TensorLists& outputs, std::vector<at::Tensor>& inputs, const c10d::AllgatherOptions& o) override {
-    return work(OpType::ALLGATHER, "allgather", outputs, inputs, ms(o.timeout));
+    return work(OpType::ALLGATHER, "allgather", outputs, inputs, ms(o.timeout), o.asyncOp);
   }
   WorkPtr _allgather_base(at::Tensor& output, at::Tensor& input, const c10d::AllgatherOptions& o) override {
-    return work(OpType::_ALLGATHER_BASE, "allgather_into_tensor", output, input, ms(o.timeout));
+    return work(OpType::_ALLGATHER_BASE, "allgather_into_tensor", output, input, ms(o.timeout), o.asyncOp);
   }
   WorkPtr allgather_coalesced(TensorLists& outputs, std::vector<at::Tensor>& inputs,
                               const c10d::AllgatherOptions& o) override {
-    return work(OpType::ALLGATHER_COALESCED, "allgather_coalesced", outputs, inputs, ms(o.timeout));
+    return work(OpType::ALLGATHER_COALESCED, "allgather_coalesced", outputs, inputs, ms(o.timeout), o.asyncOp);
   }
   WorkPtr allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
                                           const c10d::AllgatherOptions& o) override {
-    return work(OpType::COALESCED, "allgather_into_tensor_coalesced", outputs, inputs, ms(o.timeout));
+    return work(OpType::COALESCED, "allgather_into_tensor_coalesced", outputs, inputs, ms(o.timeout), o.asyncOp);
   }
   WorkPtr gather(TensorLists& outputs, std::vector<at::Tensor>& inputs, const c10d::GatherOptions& o) override {
-    return work(OpType::GATHER, "gather", outputs, inputs, o.rootRank, ms(o.timeout));
+    return work(OpType::GATHER, "gather", outputs, inputs, o.rootRank, ms(o.timeout), o.asyncOp);
   }
   WorkPtr scatter(std::vector<at::Tensor>& outputs, TensorLists& inputs, const c10d::ScatterOptions& o) override {
-    return work(OpType::SCATTER, "scatter", outputs, inputs, o.rootRank, ms(o.timeout));
+    return work(OpType::SCATTER, "scatter", outputs, inputs, o.rootRank, ms(o.timeout), o.asyncOp);
   }
   WorkPtr reduce_scatter(std::vector<at::Tensor>& outputs, TensorLists& inputs,
                          const c10d::ReduceScatterOptions& o) override {
     return work(OpType::REDUCE_SCATTER, "reduce_scatter", outputs, inputs, reduction(o.reduceOp),
-                ms(o.timeout));
+                ms(o.timeout), o.asyncOp);
   }
   WorkPtr _reduce_scatter_base(at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& o) override {
-    return work(OpType::_REDUCE_SCATTER_BASE, "reduce_scatter_tensor", output, input, reduction(o.reduceOp), ms(o.timeout));
+    return work(OpType::_REDUCE_SCATTER_BASE, "reduce_scatter_tensor", output, input, reduction(o.reduceOp),
+                ms(o.timeout), o.asyncOp);
   }
   WorkPtr reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
                                           const c10d::ReduceScatterOptions& o) override {
     return work(OpType::REDUCE_SCATTER_TENSOR_COALESCED, "reduce_scatter_tensor_coalesced", outputs, inputs,
-                reduction(o.reduceOp), ms(o.timeout));
+                reduction(o.reduceOp), ms(o.timeout), o.asyncOp);
   }
   WorkPtr alltoall_base(at::Tensor& output, at::Tensor& input, std::vector<int64_t>& output_splits,
                         std::vector<int64_t>& input_splits, const c10d::AllToAllOptions& o) override {
-    return work(OpType::ALLTOALL_BASE, "alltoall_base", output, input, output_splits, input_splits, ms(o.timeout));
+    return work(OpType::ALLTOALL_BASE, "alltoall_base", output, input, output_splits, input_splits, ms(o.timeout),
+                o.asyncOp);
   }
   WorkPtr alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
                    const c10d::AllToAllOptions& o) override {
-    return work(OpType::ALLTOALL, "alltoall", outputs, inputs, ms(o.timeout));
+    return work(OpType::ALLTOALL, "alltoall", outputs, inputs, ms(o.timeout), o.asyncOp);
   }
   WorkPtr send(std::vector<at::Tensor>& tensors, int dst, int tag) override {
     return work(OpType::SEND, "send", tensors, dst, tag);
@@ -167,7 +170,7 @@ class PyBackend final : public c10d::Backend {
     std::optional<int64_t> device;
     if (o.device && o.device->is_privateuseone()) device = o.device->index();
     if (!device && !o.device_ids.empty()) device = o.device_ids.front();
-    return work(OpType::BARRIER, "barrier", device, ms(o.timeout));
+    return work(OpType::BARRIER, "barrier", device, ms(o.timeout), o.asyncOp);
   }
 
  private:
