@@ -194,6 +194,9 @@ def run(quick: bool, write: bool) -> str:
     mem = peak_memory(train)
     out.append(table(["model", "peak allocated (MiB)", "peak reserved (MiB)", "reserved / allocated"],
                      [[n, f"{a / MB:.1f}", f"{r / MB:.1f}", f"{r / a:.2f}"] for n, a, r in mem]))
+    from . import sync as sync_bench
+
+    out.append(sync_bench.run(quick, write))
     from . import compile as compile_bench
 
     out.append(compile_bench.run(quick))

@@ -300,6 +300,7 @@ def mem_get_info(device: int) -> tuple[int, int]:
 
 
 # LITERALINCLUDE START: RUNTIME ACCESS
+_protect, _PROT_RW, _PROT_NONE = _libc.protect, _libc.PROT_RW, _libc.PROT_NONE
 Span = tuple  # (allocation, first byte, end byte): page-aligned pages of one allocation a launch names
 
 
@@ -389,34 +390,55 @@ def _minus(ranges: list[tuple[int, int]], holes: list[tuple[int, int]]) -> list[
 
 def grant(spans: list[Span]) -> None:
     """Open the named pages to the host for a kernel or copy (reference counted); a stream closes them
-    with :func:`revoke` once the host synchronizes with it or it idles, not when the kernel ends."""
+    with :func:`revoke` once the host synchronizes with it or it idles, not when the kernel ends.
+
+    Every synchronizing call opens and closes pages, so the common case (one page range, the
+    launches' tensors side by side in one caching-allocator segment) is one ``mprotect`` without
+    sorting or merging.
+    """
     with _access_lock:
-        todo = []
+        todo = None
         for alloc, lo, hi in spans:
             if alloc.kind == DEVICE:
-                count = alloc.open.get((lo, hi), 0)
-                if count == 0:
-                    todo.append((lo, hi))
-                alloc.open[(lo, hi)] = count + 1
-        for lo, hi in _merged(todo):
-            _libc.protect(lo, hi - lo, _libc.PROT_RW)
+                opened, key = alloc.open, (lo, hi)
+                count = opened.get(key, 0)
+                opened[key] = count + 1
+                if not count:
+                    if todo is None:
+                        todo = [key]
+                    else:
+                        todo.append(key)
+        if todo is None:
+            return
+        for lo, hi in (todo if len(todo) == 1 else _merged(todo)):
+            _protect(lo, hi - lo, _PROT_RW)
 
 
 def revoke(spans: list[Span]) -> None:
     """Close the pages again, except those another grant (a kernel on another stream) still holds open."""
     with _access_lock:
-        closed: dict[int, tuple[Allocation, list]] = {}
+        closed = None
         for alloc, lo, hi in spans:
             if alloc.kind == DEVICE:
-                count = alloc.open[(lo, hi)] - 1
+                opened, key = alloc.open, (lo, hi)
+                count = opened[key] - 1
                 if count:
-                    alloc.open[(lo, hi)] = count
+                    opened[key] = count
+                    continue
+                del opened[key]
+                if closed is None:
+                    closed = {alloc.ptr: (alloc, [key])}
                 else:
-                    del alloc.open[(lo, hi)]
-                    closed.setdefault(alloc.ptr, (alloc, []))[1].append((lo, hi))
+                    closed.setdefault(alloc.ptr, (alloc, []))[1].append(key)
+        if closed is None:
+            return
         for alloc, ranges in closed.values():
-            for lo, hi in _minus(_merged(ranges), _merged(list(alloc.open))):
-                _libc.protect(lo, hi - lo, _libc.PROT_NONE)
+            if len(ranges) > 1:
+                ranges = _merged(ranges)
+            if alloc.open:  # pages another kernel still holds stay open
+                ranges = _minus(ranges, _merged(list(alloc.open)))
+            for lo, hi in ranges:
+                _protect(lo, hi - lo, _PROT_NONE)
 
 
 def release(spans: list[Span]) -> None:

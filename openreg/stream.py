@@ -208,22 +208,34 @@ class _Queue:
         if timing.active and settle and simulated:  # the timing model: the host is at that launch's end now
             timing.host_waits(self.device, self.id, seq)
         scope = None  # the kernel context, entered once this host runs an item itself
+        lock = self.lock  # the conditions' lock, taken directly: cheaper than entering a Condition
+        me = 0
         try:
             while True:
-                with self.cond:
+                with lock:
                     if self.done >= seq:
                         if not settle or self.items or self._settled() or not self.busy:
                             return
                         self._wait()  # the last item is finishing: close after it
                         continue
-                    if self.busy or not self.items or self.items[0].owner not in (0, threading.get_ident()):
-                        self._wait()  # (an item for run_here runs on the thread that asked for it)
+                    items = self.items
+                    if not self.busy and items:
+                        owner = items[0].owner
+                        if owner and owner != (me or (me := threading.get_ident())):
+                            owner = -1  # an item for run_here runs on the thread that asked for it
+                    else:
+                        owner = -1
+                    if owner == -1:
+                        self._wait()
                         continue
-                    item = self.items.popleft()
+                    item = items.popleft()
                     self.busy = True
-                    ahead = []
+                    ahead = None
                     if seq > self.ahead:  # once per wait: the queue is scanned once, not once per item
-                        ahead = [it for it in (item, *self.items) if self.ahead < it.seq <= seq]
+                        if items:
+                            ahead = [it for it in (item, *items) if self.ahead < it.seq <= seq]
+                        elif item.seq > self.ahead:
+                            ahead = [item]
                         self.ahead = seq
                 if scope is None:
                     scope = _kernel_context()
@@ -249,13 +261,16 @@ class _Queue:
         One ``mprotect`` per run of adjacent pages instead of one per kernel: each call also flushes
         the TLBs of every core the process runs on, which slows a running CPU kernel's threads.
         """
-        memory.grant([span for it in items for span in it.spans])
+        if len(items) == 1:
+            memory.grant(items[0].spans)
+        else:
+            memory.grant([span for it in items for span in it.spans])
         for it in items:
             it.granted = True  # run() counts its spans as open when it starts, as for any item
 
     def settle(self) -> bool:
         """``query``: True if all launched work has finished (and then device memory is closed)."""
-        with self.cond:
+        with self.lock:
             return self._settled()
     # LITERALINCLUDE END: STREAM WAIT
 
