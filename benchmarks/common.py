@@ -7,8 +7,10 @@ import time
 from collections.abc import Callable
 
 
-def median_time(fn: Callable[[], object], repeat: int, number: int = 1) -> float:
-    """Median seconds per call of ``fn`` over ``repeat`` rounds of ``number`` calls."""
+def median_time(fn: Callable[[], object], repeat: int, number: int = 1,
+                after: Callable[[], object] | None = None) -> float:
+    """Median seconds per call of ``fn`` over ``repeat`` rounds of ``number`` calls (``after`` runs untimed
+    after each round, e.g. draining queued device work)."""
     fn()  # warm up
     samples = []
     for _ in range(repeat):
@@ -16,6 +18,8 @@ def median_time(fn: Callable[[], object], repeat: int, number: int = 1) -> float
         for _ in range(number):
             fn()
         samples.append((time.perf_counter() - start) / number)
+        if after is not None:
+            after()
     return statistics.median(samples)
 
 

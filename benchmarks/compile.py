@@ -71,9 +71,10 @@ def workloads(quick: bool) -> dict[str, Callable[[str, bool], Callable[[], objec
 
 def run_times(quick: bool) -> list[list[str]]:
     """Rows: workload, compiled openreg, compiled CPU, ratio, goal, eager speed-up on openreg and on the CPU."""
-    repeat, number = (3, 5) if quick else (15, 50)
     rows = []
     for name, make in workloads(quick).items():
+        # short timed blocks, many of them: on a loaded machine a long block is likely to include a preemption
+        repeat, number = (3, 5) if quick else (45, 10 if name.startswith("40-op") else 1)
         dev_c, cpu_c, dev_e, cpu_e = make("openreg", True), make("cpu", True), make("openreg", False), \
             make("cpu", False)
 

@@ -1,9 +1,10 @@
 """The OpenReg benchmark suite: openreg against CPU eager, measured in the same run.
 
 Every measurement interleaves openreg and CPU repeats and reports medians and the
-openreg/CPU ratio. ``python -m benchmarks`` runs it all, writes
-``docs/performance.md`` and ``docs/performance.png``; ``--quick`` only checks that
-every benchmark runs (CI).
+openreg/CPU ratio. ``python -m benchmarks`` runs it all and writes
+``docs/performance_results.md`` and ``docs/performance.png`` (``docs/performance.md``
+explains them); ``--quick`` (small sizes, three repeats, nothing written) checks that
+every section runs, as ``tests/test_benchmarks.py`` does in CI.
 """
 
 from __future__ import annotations
@@ -81,6 +82,9 @@ def large_ops(quick: bool) -> dict[str, Callable[[str], Callable[[], object]]]:
     return {op: build(op) for op in ("add 16M", "matmul 1024", "matmul 2048", "conv2d", "softmax")}
 
 
+# -- 3. copy bandwidth: benchmarks/memory.py ---------------------------------------------------------
+
+
 # -- 4. training steps ---------------------------------------------------------------------------------
 def models(quick: bool) -> dict[str, Callable[[str], Callable[[], object]]]:
     scale = 8 if quick else 1
@@ -114,7 +118,7 @@ def models(quick: bool) -> dict[str, Callable[[str], Callable[[], object]]]:
             "Transformer (2 layers, d256, seq 128, batch 16, Adam)": transformer}
 
 
-def _step(model, opt, x, y, loss_fn) -> float:
+def _step(model, opt, x, y, loss_fn) -> torch.Tensor:
     opt.zero_grad(set_to_none=True)
     loss = loss_fn(model(x), y)
     loss.backward()
@@ -190,6 +194,9 @@ def run(quick: bool, write: bool) -> str:
     mem = peak_memory(train)
     out.append(table(["model", "peak allocated (MiB)", "peak reserved (MiB)", "reserved / allocated"],
                      [[n, f"{a / MB:.1f}", f"{r / MB:.1f}", f"{r / a:.2f}"] for n, a, r in mem]))
+    from . import sync as sync_bench
+
+    out.append(sync_bench.run(quick, write))
     from . import compile as compile_bench
 
     out.append(compile_bench.run(quick))

@@ -6,14 +6,14 @@ import ctypes
 import mmap
 import os
 
-_libc = ctypes.CDLL(None, use_errno=True)
+libc = ctypes.CDLL(None, use_errno=True)  # the process's libc, one handle for the runtime (fault.py uses it too)
 
-_libc.mmap.restype = ctypes.c_void_p
-_libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
-_libc.munmap.restype = ctypes.c_int
-_libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-_libc.mprotect.restype = ctypes.c_int
-_libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+libc.mmap.restype = ctypes.c_void_p
+libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+libc.munmap.restype = ctypes.c_int
+libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+libc.mprotect.restype = ctypes.c_int
+libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
 
 PAGE = mmap.PAGESIZE
 PROT_NONE = mmap.PROT_NONE if hasattr(mmap, "PROT_NONE") else 0
@@ -34,7 +34,7 @@ def map_pages(size: int, prot: int, fd: int = -1) -> int | None:
         flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_NORESERVE
     else:
         flags = mmap.MAP_SHARED | _MAP_NORESERVE
-    addr = _libc.mmap(None, size, prot, flags, fd, 0)
+    addr = libc.mmap(None, size, prot, flags, fd, 0)
     if addr is None or addr == _MAP_FAILED:
         return None
     return addr
@@ -42,14 +42,14 @@ def map_pages(size: int, prot: int, fd: int = -1) -> int | None:
 
 def unmap_pages(addr: int, size: int) -> None:
     """Give pages back to the OS."""
-    if _libc.munmap(addr, size) != 0:
+    if libc.munmap(addr, size) != 0:
         err = ctypes.get_errno()
         raise OSError(err, f"munmap(0x{addr:x}, {size}): {os.strerror(err)}")
 
 
 def protect(addr: int, size: int, prot: int) -> None:
     """Change what the host may do with pages (``PROT_NONE`` or ``PROT_RW``)."""
-    if _libc.mprotect(addr, size, prot) != 0:
+    if libc.mprotect(addr, size, prot) != 0:
         err = ctypes.get_errno()
         raise OSError(err, f"mprotect(0x{addr:x}, {size}): {os.strerror(err)}")
 
@@ -58,10 +58,10 @@ def protect(addr: int, size: int, prot: int) -> None:
 HUGE = 2 << 20  # a transparent huge page: mprotect changes one entry for it instead of 512
 _MADV_DONTFORK = 10
 _MADV_HUGEPAGE = 14
-_libc.madvise.restype = ctypes.c_int
-_libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-_libc.mincore.restype = ctypes.c_int
-_libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
+libc.madvise.restype = ctypes.c_int
+libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+libc.mincore.restype = ctypes.c_int
+libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
 
 
 def map_device(size: int) -> int | None:
@@ -83,15 +83,15 @@ def map_device(size: int) -> int | None:
         if addr > raw:
             unmap_pages(raw, addr - raw)
         unmap_pages(addr + size, raw + HUGE - addr)
-        _libc.madvise(addr, size, _MADV_HUGEPAGE)  # advice: a kernel without THP simply ignores it
+        libc.madvise(addr, size, _MADV_HUGEPAGE)  # advice: a kernel without THP simply ignores it
     if addr is not None:
-        _libc.madvise(addr, size, _MADV_DONTFORK)
+        libc.madvise(addr, size, _MADV_DONTFORK)
     return addr
 
 
 def remap_shared(addr: int, size: int, fd: int) -> None:
     """Replace the pages at ``addr`` by the shared file ``fd`` (``PROT_NONE``), at the same address."""
-    got = _libc.mmap(addr, size, PROT_NONE, mmap.MAP_SHARED | _MAP_NORESERVE | _MAP_FIXED, fd, 0)
+    got = libc.mmap(addr, size, PROT_NONE, mmap.MAP_SHARED | _MAP_NORESERVE | _MAP_FIXED, fd, 0)
     if got != addr:
         err = ctypes.get_errno()
         raise OSError(err, f"mmap(0x{addr:x}, {size}, MAP_FIXED): {os.strerror(err)}")
@@ -101,7 +101,7 @@ def resident(addr: int, size: int) -> list[tuple[int, int]]:
     """The ranges of pages at ``addr`` that hold data (the rest were never written: they read as zeros)."""
     pages = size // PAGE
     vec = ctypes.create_string_buffer(pages)
-    if _libc.mincore(addr, size, vec) != 0:
+    if libc.mincore(addr, size, vec) != 0:
         return [(addr, addr + size)]  # cannot tell: all of it
     ranges: list[tuple[int, int]] = []
     for i, flags in enumerate(vec.raw):

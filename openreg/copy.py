@@ -96,17 +96,22 @@ class _CopyEngine:
     OS, a sandbox), ``available`` is False and copies run as kernels."""
 
     def __init__(self) -> None:
-        self.fd, self.pid = -1, 0
+        self.fd = None  # opened on first use, and again in a forked child (see _forget)
+        os.register_at_fork(after_in_child=self._forget)
+
+    def _forget(self) -> None:
+        """In a forked child: the inherited file reads the parent's memory."""
+        self.fd = None
 
     def _file(self) -> int:
-        pid = os.getpid()
-        if self.pid != pid:  # a forked child inherits the parent's file, which reads the parent's memory
+        fd = self.fd
+        if fd is None:
             try:
-                self.fd = os.open("/proc/self/mem", os.O_RDWR | os.O_CLOEXEC)
+                fd = os.open("/proc/self/mem", os.O_RDWR | os.O_CLOEXEC)
             except OSError:
-                self.fd = -1
-            self.pid = pid
-        return self.fd
+                fd = -1
+            self.fd = fd
+        return fd
 
     @property
     def available(self) -> bool:
@@ -117,6 +122,11 @@ class _CopyEngine:
         if nbytes and os.preadv(self._file(), [out], ptr) != nbytes:
             raise OpenRegError(ErrorCode.LAUNCH_FAILURE, f"copy engine: short read of {nbytes} bytes at 0x{ptr:x}")
         return out
+
+    def read_into(self, ptr: int, nbytes: int, host: int) -> None:
+        """Read ``nbytes`` at device address ``ptr`` straight into host memory at ``host``."""
+        if nbytes and os.preadv(self._file(), [(ctypes.c_char * nbytes).from_address(host)], ptr) != nbytes:
+            raise OpenRegError(ErrorCode.LAUNCH_FAILURE, f"copy engine: short read of {nbytes} bytes at 0x{ptr:x}")
 
     def write(self, ptr: int, data) -> None:
         view = memoryview(data).cast("B")
@@ -155,6 +165,22 @@ def memcpy_dtoh(src: int, nbytes: int, stream: Stream | None = None, name: str =
     stream.synchronize()
     _checked(stream, src, nbytes, False, name, about)
     return stream.transfer(name, _engine.read, src, nbytes)
+
+
+def memcpy_dtoh_into(dst: int, src: int, nbytes: int, stream: Stream | None = None, name: str = "memcpy",
+                     about: object = None) -> bool:
+    """:func:`memcpy_dtoh` into host memory the caller owns (``dst``), with no buffer in between: a small
+    ``.cpu()`` or ``.item()`` reads straight into its result. False (nothing done) when there is no copy
+    engine. ``about`` as for :func:`memcpy_dtoh`."""
+    if not _engine.available:
+        return False
+    _side(dst, nbytes, False, "destination")
+    stream = _device_extent(src, nbytes, stream)
+    _refuse_in_capture(stream, name)
+    stream.synchronize()
+    _checked(stream, src, nbytes, False, name, about)
+    stream.transfer(name, _engine.read_into, src, nbytes, dst)
+    return True
 
 
 def memcpy_htod(dst: int, data, stream: Stream | None = None, name: str = "memcpy", about: object = None,

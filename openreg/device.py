@@ -1,12 +1,9 @@
 """Devices of the simulated accelerator: how many, their properties, the current one.
 
-Configuration comes from the environment, read once at import, like a driver
-reading its module parameters:
-
-* ``OPENREG_DEVICE_COUNT``: number of devices (default 2).
-* ``OPENREG_DEVICE_MEMORY``: capacity of each device, e.g. ``4GiB``, ``512MiB``
-  or a byte count (default 4 GiB). Capacity is accounted, not reserved: pages
-  are only committed when a kernel or copy writes them.
+How many devices there are and their capacity come from the environment
+(``OPENREG_DEVICE_COUNT``, ``OPENREG_DEVICE_MEMORY``: :mod:`openreg.settings`).
+Capacity is accounted, not reserved: pages are only committed when a kernel or
+copy writes them.
 
 The current device is thread-local, like the current CUDA context.
 """
@@ -14,32 +11,14 @@ The current device is thread-local, like the current CUDA context.
 from __future__ import annotations
 
 import os
-import re
 import threading
 from dataclasses import dataclass
 
+from . import settings
 from .errors import ErrorCode, OpenRegError
 
-_UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
-
-
-def parse_size(text: str) -> int:
-    """Parse ``"4GiB"``, ``"512M"``, ``"1048576"`` into a byte count."""
-    match = re.fullmatch(r"\s*(\d+)\s*([KMGT]?)(?:I?B)?\s*", text.upper())
-    if not match:
-        raise OpenRegError(ErrorCode.INVALID_VALUE, f"cannot parse memory size {text!r}")
-    return int(match.group(1)) * _UNITS[match.group(2)]
-
-
-def _env_count() -> int:
-    raw = os.environ.get("OPENREG_DEVICE_COUNT", "2")
-    if not raw.strip().isdigit():
-        raise OpenRegError(ErrorCode.INVALID_VALUE, f"OPENREG_DEVICE_COUNT={raw!r} is not a count")
-    return int(raw)
-
-
-_COUNT = _env_count()
-_CAPACITY = parse_size(os.environ.get("OPENREG_DEVICE_MEMORY", "4GiB"))
+_COUNT = settings.DEVICE_COUNT
+_CAPACITY = settings.DEVICE_MEMORY
 
 
 @dataclass(frozen=True)
@@ -82,6 +61,26 @@ class _Local(threading.local):
 
 _local = _Local()
 
+
+def get_device() -> int:
+    """The calling thread's current device (0 until set, like a fresh CUDA thread)."""
+    return _local.device
+
+
+def set_device(index: int) -> None:
+    """Make ``index`` the calling thread's current device."""
+    _local.device = check_device(index)
+
+
+def exchange_device(index: int) -> int:
+    """Set the current device and return the previous one (for device guards)."""
+    previous = get_device()
+    if index != previous:
+        set_device(index)
+    return previous
+# LITERALINCLUDE END: RUNTIME DEVICE
+
+
 # LITERALINCLUDE START: FORK POISON
 # A child forked after the runtime started has copies of its state but none of its
 # worker threads: like a CUDA context, the runtime cannot be used there.
@@ -113,27 +112,6 @@ def forked() -> bool:
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
 # LITERALINCLUDE END: FORK POISON
-
-
-def get_device() -> int:
-    """The calling thread's current device (0 until set, like a fresh CUDA thread)."""
-    return _local.device
-
-
-def set_device(index: int) -> None:
-    """Make ``index`` the calling thread's current device."""
-    _local.device = check_device(index)
-
-
-def exchange_device(index: int) -> int:
-    """Set the current device and return the previous one (for device guards)."""
-    previous = get_device()
-    if index != previous:
-        set_device(index)
-    return previous
-# LITERALINCLUDE END: RUNTIME DEVICE
-
-
 def get_device_properties(index: int) -> DeviceProperties:
     """Static properties of a device."""
     check_device(index)

@@ -17,6 +17,7 @@ import threading
 from collections.abc import Callable
 
 from . import memory
+from ._libc import libc
 
 _SA_SIGINFO = 0x4
 _SA_ONSTACK = 0x08000000
@@ -33,8 +34,7 @@ class _SigAction(ctypes.Structure):
 
 
 _HANDLER_T = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)
-_libc = ctypes.CDLL(None, use_errno=True)
-_libc.sigaction.argtypes = [ctypes.c_int, ctypes.POINTER(_SigAction), ctypes.POINTER(_SigAction)]
+libc.sigaction.argtypes = [ctypes.c_int, ctypes.POINTER(_SigAction), ctypes.POINTER(_SigAction)]
 _previous = _SigAction()
 _annotators: list[Callable[[int], str | None]] = []
 _installed = False
@@ -75,7 +75,7 @@ def _on_segv(signum: int, info: int, context: int) -> None:
     message = describe(addr)
     if message:
         os.write(2, message.encode())
-    _libc.sigaction(signal.SIGSEGV, ctypes.byref(_previous), None)  # re-fault into the old handler
+    libc.sigaction(signal.SIGSEGV, ctypes.byref(_previous), None)  # re-fault into the old handler
 # LITERALINCLUDE END: RUNTIME FAULT
 
 
@@ -91,5 +91,5 @@ def install() -> None:
         action = _SigAction()
         action.handler = ctypes.cast(_callback, ctypes.c_void_p).value
         action.flags = _SA_SIGINFO | _SA_ONSTACK
-        if _libc.sigaction(signal.SIGSEGV, ctypes.byref(action), ctypes.byref(_previous)) == 0:
+        if libc.sigaction(signal.SIGSEGV, ctypes.byref(action), ctypes.byref(_previous)) == 0:
             _installed = True

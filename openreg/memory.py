@@ -3,13 +3,16 @@
 Device memory is real memory the host cannot touch: every allocation is its own
 page-aligned mapping (private memory on transparent huge pages when large, moved
 into a shared-memory file when exported to another process) kept at ``PROT_NONE``. A kernel or copy gets
-read/write access to the pages it names only while it runs (reference counted,
-so concurrent kernels on different streams can share a buffer). Host
-code that dereferences a device pointer outside a kernel faults at once; the
-fault reporter (``openreg.fault``) names the allocation it hit.
+read/write access to the pages it names (:func:`grant`, reference counted, so
+kernels on different streams can share a buffer); a stream closes them again
+(:func:`revoke`) once the host synchronizes with it or it idles, so that
+back-to-back kernels share one opening (``openreg.stream``). Host code that
+dereferences a device pointer outside that window faults at once; the fault
+reporter (``openreg.fault``) names the allocation it hit.
 
-Frees are stream-ordered: an allocation still named by queued or running work
-is released only when that work ends, the way ``cudaFreeAsync`` behaves, so a
+Frees are stream-ordered: an allocation still named by queued or running work,
+or by finished work whose pages are still open, is released only when the
+stream lets go of it (:func:`release`), the way ``cudaFreeAsync`` behaves, so a
 caller may drop a buffer right after launching work on it.
 """
 
@@ -41,8 +44,8 @@ class Allocation:
     mapped: int
     kind: str
     device: int | None
-    uses: int = 0  # launches queued or running that name this allocation
-    open: dict = field(default_factory=dict)  # (first byte, end byte) -> kernels holding those pages open
+    uses: int = 0  # launches that name this allocation, from acquire until their stream releases them
+    open: dict = field(default_factory=dict)  # (first byte, end byte) -> grants holding those pages open
     free_pending: bool = field(default=False)
     fd: int = -1  # the shared-memory file behind device memory once IPC exported it (or imported it)
     imported: bool = False  # mapped from another process's export
@@ -141,7 +144,7 @@ def malloc(size: int, device: int) -> int:
 
 
 def free(ptr: int) -> None:
-    """Free device memory; released once no queued or running work names it."""
+    """Free device memory; released once no launch names it any more (see :func:`release`)."""
     if ptr == 0 or forked():
         return  # in a forked child the parent's memory is left alone
     _free(ptr, DEVICE)
@@ -149,7 +152,7 @@ def free(ptr: int) -> None:
 
 
 def _free(ptr: int, kind: str) -> None:
-    """Mark a ``kind`` allocation freed; release it now unless queued work still names it."""
+    """Mark a ``kind`` allocation freed; release it now unless a launch still names it."""
     if sanitizer.enabled:  # no launch can name these bytes any more: the sanitizer forgets their accesses
         sanitizer.forget(ptr)
     with _lock:
@@ -299,6 +302,7 @@ def mem_get_info(device: int) -> tuple[int, int]:
 
 
 # LITERALINCLUDE START: RUNTIME ACCESS
+_protect, _PROT_RW, _PROT_NONE = _libc.protect, _libc.PROT_RW, _libc.PROT_NONE
 Span = tuple  # (allocation, first byte, end byte): page-aligned pages of one allocation a launch names
 
 
@@ -387,38 +391,61 @@ def _minus(ranges: list[tuple[int, int]], holes: list[tuple[int, int]]) -> list[
 
 
 def grant(spans: list[Span]) -> None:
-    """Open the named pages to the host for the duration of a kernel or copy (reference counted)."""
+    """Open the named pages to the host for a kernel or copy (reference counted); a stream closes them
+    with :func:`revoke` once the host synchronizes with it or it idles, not when the kernel ends.
+
+    Every synchronizing call opens and closes pages, so the common case (one page range, the
+    launches' tensors side by side in one caching-allocator segment) is one ``mprotect`` without
+    sorting or merging.
+    """
     with _access_lock:
-        todo = []
+        todo = None
         for alloc, lo, hi in spans:
             if alloc.kind == DEVICE:
-                count = alloc.open.get((lo, hi), 0)
-                if count == 0:
-                    todo.append((lo, hi))
-                alloc.open[(lo, hi)] = count + 1
-        for lo, hi in _merged(todo):
-            _libc.protect(lo, hi - lo, _libc.PROT_RW)
+                opened, key = alloc.open, (lo, hi)
+                count = opened.get(key, 0)
+                opened[key] = count + 1
+                if not count:
+                    if todo is None:
+                        todo = [key]
+                    else:
+                        todo.append(key)
+        if todo is None:
+            return
+        for lo, hi in (todo if len(todo) == 1 else _merged(todo)):
+            _protect(lo, hi - lo, _PROT_RW)
 
 
 def revoke(spans: list[Span]) -> None:
-    """Close the pages again, except those another running kernel still has open."""
+    """Close the pages again, except those another grant (a kernel on another stream) still holds open."""
     with _access_lock:
-        closed: dict[int, tuple[Allocation, list]] = {}
+        closed = None
         for alloc, lo, hi in spans:
             if alloc.kind == DEVICE:
-                count = alloc.open[(lo, hi)] - 1
+                opened, key = alloc.open, (lo, hi)
+                count = opened[key] - 1
                 if count:
-                    alloc.open[(lo, hi)] = count
+                    opened[key] = count
+                    continue
+                del opened[key]
+                if closed is None:
+                    closed = {alloc.ptr: (alloc, [key])}
                 else:
-                    del alloc.open[(lo, hi)]
-                    closed.setdefault(alloc.ptr, (alloc, []))[1].append((lo, hi))
+                    closed.setdefault(alloc.ptr, (alloc, []))[1].append(key)
+        if closed is None:
+            return
         for alloc, ranges in closed.values():
-            for lo, hi in _minus(_merged(ranges), _merged(list(alloc.open))):
-                _libc.protect(lo, hi - lo, _libc.PROT_NONE)
+            if len(ranges) > 1:
+                ranges = _merged(ranges)
+            if alloc.open:  # pages another kernel still holds stay open
+                ranges = _minus(ranges, _merged(list(alloc.open)))
+            for lo, hi in ranges:
+                _protect(lo, hi - lo, _PROT_NONE)
 
 
 def release(spans: list[Span]) -> None:
-    """Undo :func:`acquire` once a launch has finished (or was dropped)."""
+    """Undo :func:`acquire` for launches whose pages their stream has closed (or that were dropped): frees
+    waiting on them go through."""
     with _lock:
         for alloc, _, _ in spans:
             alloc.uses -= 1

@@ -37,14 +37,13 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from . import memory
+from . import memory, settings
 from .errors import ErrorCode, OpenRegError
 
 # LITERALINCLUDE START: SANITIZER SWITCH
-# The one place the sanitizer reads the environment. ``enabled`` is read on every launch and
-# synchronization: while it is False the sanitizer costs one test of a module attribute.
-ENV = "OPENREG_STREAM_SANITIZER"
-enabled: bool = os.environ.get(ENV, "0") not in ("", "0")
+# ``OPENREG_STREAM_SANITIZER`` (read in openreg/settings.py) sets the start. ``enabled`` is read on every launch
+# and synchronization: while it is False the sanitizer costs one test of a module attribute.
+enabled: bool = settings.STREAM_SANITIZER
 
 
 def enable() -> None:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import collections
 import contextlib
 import itertools
-import os
 import sys
 import threading
 import time
@@ -26,17 +25,38 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from . import activity, memory, sanitizer, timing
+from . import activity, memory, sanitizer, settings, timing
 from .device import check_device, device_count, forked, get_device, start
 from .errors import ErrorCode, OpenRegError, launch_failure
 
-LAUNCH_BLOCKING = os.environ.get("OPENREG_LAUNCH_BLOCKING", "0") not in ("", "0")
+LAUNCH_BLOCKING = settings.LAUNCH_BLOCKING
 
-_CLOSE_EVERY = 4096  # spans finished items may leave open before they are closed anyway
-_IDLE = 1e-3  # seconds without a launch before a stream's worker starts on queued work
+# LITERALINCLUDE START: STREAM SCHEDULING
+# Scheduling: when a stream's worker runs, and when device memory is closed again. The simulated device
+# computes on the host's own cores, so every choice below trades the launching thread's time against
+# the device's; the numbers are from this project's 2-core machine (docs/runtime.md, "When the worker runs").
+#
+# The worker waits for the host to pause before it runs queued work. A worker that started on each item
+# at once competed with the launching thread for the cores and the GIL, and a CPU kernel's OpenMP team
+# slows down badly when one of its threads is preempted: a transformer step's matrix products took 1.9x
+# their CPU time. A host that waits for work runs the queue itself instead (_Queue.wait_for).
+_IDLE = 1e-3  # seconds without a launch before the worker starts on queued work
+# Every wake-up of the worker takes the GIL from the host, which gives it up at every operator call: a
+# worker polling every 200 us made each launch twice as expensive, and one woken by every launch and
+# every finished item added 25-35 us to each launch-and-wait (.item()). So the worker naps, twice as long
+# each time it finds the host still launching, up to _NAP_MAX; launches wake it only from a deep sleep,
+# entered after _AWAKE without a launch; finished items never wake it (waiting hosts have a condition of
+# their own). Work still completes unattended within _IDLE + _NAP_MAX of the last launch.
 _NAP_MAX = 8e-3  # longest nap of a worker that keeps finding the host still launching
+_AWAKE = 0.1  # seconds after the last launch that the worker keeps checking on its own, unwoken
+# Closing device memory (mprotect) costs in proportion to the pages changed and interrupts every core
+# for its TLB, and a training step re-opens the same weights and activations many times: what finished
+# items opened stays open until the host synchronizes with the stream (it then always finds memory
+# closed), until the stream has been idle for _LINGER, or until _CLOSE_EVERY spans have piled up (which
+# bounds the open memory of a stream the host never waits for). About one opening per buffer per step.
 _LINGER = 1e-3  # seconds a drained stream keeps finished items' buffers open for the next ones
-_AWAKE = 0.1  # seconds after the last launch that a worker keeps checking on its own, unwoken
+_CLOSE_EVERY = 4096  # spans finished items may leave open before they are closed anyway
+# LITERALINCLUDE END: STREAM SCHEDULING
 
 # LITERALINCLUDE START: KERNEL CONTEXT
 # What every thread that runs kernels enters first: a worker for its whole life, a host thread that
@@ -96,10 +116,9 @@ class _Queue:
     def run(self, item: _Item) -> None:
         """Execute one item with its buffers open; keep the first error for the next sync.
 
-        Closing device memory again (``mprotect``) costs time in proportion to the pages, so
-        kernels share openings: what a finished item opened stays open until the host
+        Kernels share openings of device memory: what a finished item opened stays open until the host
         synchronizes with the stream (:meth:`wait_for`, :meth:`settle`), until the stream has been
-        idle for ``_LINGER`` seconds, or until ``_CLOSE_EVERY`` spans have piled up.
+        idle for ``_LINGER`` seconds, or until ``_CLOSE_EVERY`` spans have piled up (see the top of this module).
         """
         started = time.perf_counter_ns()
         try:
@@ -189,22 +208,34 @@ class _Queue:
         if timing.active and settle and simulated:  # the timing model: the host is at that launch's end now
             timing.host_waits(self.device, self.id, seq)
         scope = None  # the kernel context, entered once this host runs an item itself
+        lock = self.lock  # the conditions' lock, taken directly: cheaper than entering a Condition
+        me = 0
         try:
             while True:
-                with self.cond:
+                with lock:
                     if self.done >= seq:
                         if not settle or self.items or self._settled() or not self.busy:
                             return
                         self._wait()  # the last item is finishing: close after it
                         continue
-                    if self.busy or not self.items or self.items[0].owner not in (0, threading.get_ident()):
-                        self._wait()  # (an item for run_here runs on the thread that asked for it)
+                    items = self.items
+                    if not self.busy and items:
+                        owner = items[0].owner
+                        if owner and owner != (me or (me := threading.get_ident())):
+                            owner = -1  # an item for run_here runs on the thread that asked for it
+                    else:
+                        owner = -1
+                    if owner == -1:
+                        self._wait()
                         continue
-                    item = self.items.popleft()
+                    item = items.popleft()
                     self.busy = True
-                    ahead = []
+                    ahead = None
                     if seq > self.ahead:  # once per wait: the queue is scanned once, not once per item
-                        ahead = [it for it in (item, *self.items) if self.ahead < it.seq <= seq]
+                        if items:
+                            ahead = [it for it in (item, *items) if self.ahead < it.seq <= seq]
+                        elif item.seq > self.ahead:
+                            ahead = [item]
                         self.ahead = seq
                 if scope is None:
                     scope = _kernel_context()
@@ -230,34 +261,23 @@ class _Queue:
         One ``mprotect`` per run of adjacent pages instead of one per kernel: each call also flushes
         the TLBs of every core the process runs on, which slows a running CPU kernel's threads.
         """
-        memory.grant([span for it in items for span in it.spans])
+        if len(items) == 1:
+            memory.grant(items[0].spans)
+        else:
+            memory.grant([span for it in items for span in it.spans])
         for it in items:
             it.granted = True  # run() counts its spans as open when it starts, as for any item
 
     def settle(self) -> bool:
         """``query``: True if all launched work has finished (and then device memory is closed)."""
-        with self.cond:
+        with self.lock:
             return self._settled()
     # LITERALINCLUDE END: STREAM WAIT
 
     # LITERALINCLUDE START: STREAM SERVE
     def serve(self) -> None:
-        """The worker thread: run items in order until the stream is gone and drained.
-
-        The simulated device computes with the host's CPU cores, so a worker that runs while the
-        host thread is still launching competes with it for those cores (and for the GIL, and a
-        CPU kernel's OpenMP team slows down badly when one of its threads is preempted). So the
-        worker waits until launches pause for ``_IDLE`` seconds before it runs queued work: a
-        host that keeps launching is running ahead, as it would on a real device, and a host that
-        synchronizes runs the queue itself (:meth:`wait_for`). Once the queue is drained and
-        ``_LINGER`` seconds pass without new work, the worker closes what is still open.
-
-        Every wake-up takes the GIL from the host thread (which drops it at each operator call) and
-        costs it tens of microseconds, so the worker is woken as rarely as it can be: it naps, twice
-        as long each time it finds nothing to do, up to ``_NAP_MAX``; it is never woken by a host
-        that finishes items (hosts waiting for those have a condition of their own); and launches
-        wake it only from a deep sleep, which it enters once ``_AWAKE`` seconds pass without one.
-        """
+        """The worker thread: run items in order until the stream is gone and drained, by the
+        scheduling policy at the top of this module (``_IDLE``, ``_NAP_MAX``, ``_AWAKE``, ``_LINGER``)."""
         with _kernel_context():
             self._serve()
 

@@ -11,6 +11,10 @@ python -m pytest tests -q "$@"
 # semantics must hold there too (tests that need asynchrony skip themselves).
 OPENREG_LAUNCH_BLOCKING=1 python -m pytest -q tests/runtime tests/torch/test_streams_events.py \
     tests/torch/test_memory.py tests/torch/test_ops.py tests/torch/test_errors.py tests/torch/test_copy_matrix.py
+# The global fallback's plain mechanism, with its accelerations off (docs/fallback.md): the conformance
+# slice and the training tests (autograd, optimizers, models trained after Module.to), so it never rots.
+OPENREG_FALLBACK_FAST=0 python -m pytest -q tests/torch/test_conformance.py tests/torch/test_autograd.py \
+    tests/torch/test_foreach.py tests/torch/test_module_to.py
 # The stream sanitizer on (docs/sanitizer.md): correctly ordered programs must pass it without a report
 # (the whole suite does; this is a short slice: the runtime with graphs, streams and events, every copy
 # path with contiguous sources, memory reuse, training; tests/torch/test_sanitizer.py turns it on for

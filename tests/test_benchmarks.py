@@ -28,13 +28,15 @@ def test_suite_quick_mode_runs_every_section():
     assert proc.returncode == 0, proc.stderr
     for section in ("## Small operators, launch only", "## Small operators, with synchronize", "## Large operators",
                     "## Copy bandwidth", "## Training steps", "## Memory during training", "## torch.compile",
-                    "## Profiling overhead", "## Device graphs", "## Stream sanitizer: launches",
-                    "## Stream sanitizer: training steps"):
+                    "## Profiling overhead", "## Device graphs", "## The synchronous path",
+                    "## Stream sanitizer: launches", "## Stream sanitizer: training steps"):
         assert section in proc.stdout, proc.stdout
     for row in ("| add |", "| matmul 2048 |", "| conv2d |", "| H2D pinned |", "| Transformer",
                 "| 40-op elementwise chain, 1024 floats |", "| MLP training step |",
                 "| openreg, torch.profiler (CPU + PrivateUse1) |", "| openreg, legacy profiler (use_device) |",
-                "| 100 elementwise ops, 16 floats |", "| MLP training step, batch 1 |",
+                "| 100 elementwise ops, 16 floats |", "| MLP training step, batch 1 |", "| (a + b).cpu() |",
+                "| a.add(b).sum().item() |", "| a.cpu() of a ready tensor |", "| a + b, 200 launches queued |",
+                "| queue (Stream.launch) and return |", "two 256x256 matmuls, two streams", "| matmul | 4096 |",
                 "| runtime launch (no-op kernel, one buffer) |", "| a + b, 16 floats (launch and run) |"):
         assert row in proc.stdout, proc.stdout
     sanitized = proc.stdout.split("## Stream sanitizer: training steps")[1]

@@ -13,6 +13,8 @@ import itertools
 import openreg
 
 from .device import sync_debug
+from .device.graphs import _GraphImpl
+from .device.state import SUPPORTED_DTYPES
 from .memory import allocator, host_allocator, owner
 from .memory.caching_allocator import _owners
 from .memory.pluggable import PluggableAllocator
@@ -53,10 +55,8 @@ def is_pinned(ptr: int) -> bool:
 
 
 def supported_dtypes(device: int) -> list:
-    """The dtypes of ``torch.accelerator.get_device_capability`` (torch_openreg.device decides them)."""
+    """The dtypes of ``torch.accelerator.get_device_capability`` (``torch_openreg.device.state`` lists them)."""
     openreg.get_device_properties(_dev(device))  # an unknown device raises INVALID_DEVICE
-    from .device import SUPPORTED_DTYPES
-
     return SUPPORTED_DTYPES
 
 
@@ -234,8 +234,6 @@ def copy_device_to_device(dst: int, src: int, nbytes: int, device: int) -> None:
 # LITERALINCLUDE START: BRIDGE GRAPHS
 def graph_new(keep_graph: bool) -> object:
     """The openreg graph behind a new ``torch.accelerator.Graph`` (csrc/graph.cpp holds it)."""
-    from .device.graphs import _GraphImpl
-
     return _GraphImpl(keep_graph)
 
 

@@ -23,6 +23,7 @@ import warnings
 import torch
 
 from .aten.fallback import fallback
+from .timing import costs
 
 # LITERALINCLUDE START: TF32
 # operator -> positions of its matrix operands (addmm's and baddbmm's first argument is the addend)
@@ -70,6 +71,7 @@ class _Matmul:
         elif value == "ieee" and self._lib is not None:
             self._lib._destroy()  # the previous kernels (the fallback's) are current again
             type(self)._lib = None
+        costs.tf32 = self._lib is not None  # the timing model prices float32 matrix products as TF32 ones
 
     @property
     def allow_tf32(self) -> bool:

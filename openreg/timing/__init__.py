@@ -7,7 +7,7 @@ predicts its device duration on the profile, and each stream's simulated time ad
 (:mod:`.clock`). Events created with ``enable_timing`` then report simulated ``elapsed_time``.
 
 Off (the default), a launch pays one flag test for all of this. ``OPENREG_DEVICE_PROFILE`` is read
-here, once, at import (the runtime's other settings are read in ``device.py`` and ``stream.py``).
+once, at import, with every other setting (``openreg/settings.py``), and selected here.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import os
 import threading
 from collections.abc import Iterator, Mapping
 
+from .. import settings
 from . import model
 from .clock import _UNPRICED, Clock, Launch
 from .model import COLLECTIVES, EFFICIENCY, FREE, KINDS, Cost, Prediction, predict
@@ -146,8 +147,8 @@ def stream_waits(stream, when: float | None) -> None:
         clock.stream_waits(stream.device, stream.id, when)
 
 
-if os.environ.get(ENV):
-    set_profile(os.environ[ENV])
+if settings.DEVICE_PROFILE:
+    set_profile(settings.DEVICE_PROFILE)
 
 __all__ = [
     "COLLECTIVES", "DTYPES", "Cost", "DeviceProfile", "EFFICIENCY", "ENV", "FREE", "KINDS", "Launch", "Prediction",

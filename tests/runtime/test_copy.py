@@ -274,3 +274,26 @@ def test_copy_engine_refuses_what_is_not_live_device_memory(dev):
     with pytest.raises(OpenRegError) as info:
         openreg.memcpy_dtoh(d, 1 << 20)
     assert info.value.code == ErrorCode.INVALID_VALUE
+
+
+def test_copy_engine_reads_straight_into_host_memory_after_the_stream(dev, payload):
+    d = dev()
+    assert openreg.memcpy_htod(d, payload)
+    stream = openreg.Stream()
+    stream.launch(lambda: ctypes.memset(d + 8, 0xCD, 4), buffers=[d])  # queued: the read must see it
+    out, out_ptr = host(32)
+    assert openreg.memcpy_dtoh_into(out_ptr, d, 16, stream)
+    assert out.raw[:16] == payload[:8] + b"\xcd" * 4 + payload[12:16] and out.raw[16:] == bytes(16)
+    assert _opened(d) == {}
+
+
+def test_copy_engine_read_into_refuses_a_device_destination_and_overruns(dev):
+    d, other = dev(64), dev(64)
+    with pytest.raises(OpenRegError) as info:
+        openreg.memcpy_dtoh_into(other, d, 8)
+    assert info.value.code == ErrorCode.INVALID_MEMCPY_DIRECTION
+    out, out_ptr = host(128)
+    with pytest.raises(OpenRegError) as info:
+        openreg.memcpy_dtoh_into(out_ptr, d, 128)
+    assert info.value.code == ErrorCode.INVALID_VALUE
+    assert out.raw == bytes(128)

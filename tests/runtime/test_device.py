@@ -9,8 +9,8 @@ import threading
 import pytest
 
 import openreg
-from openreg.device import parse_size
 from openreg.errors import ErrorCode, OpenRegError
+from openreg.settings import parse_size
 
 GiB = 1 << 30
 MiB = 1 << 20

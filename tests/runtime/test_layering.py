@@ -88,3 +88,60 @@ print(sorted(m for m in sys.modules if m == "torch" or m.startswith("torch.") or
     proc = run_python(code)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[]"
+
+
+SETTINGS = ROOT / "openreg" / "settings.py"
+PREFIXES = ("OPENREG_", "OCCL_")
+
+
+def _is_environ(node: ast.AST) -> bool:
+    return ast.unparse(node) in ("os.environ", "environ")
+
+
+def _setting_reads(path: Path, root: Path = ROOT) -> list[str]:
+    """Every read of an OpenReg environment variable (``os.environ[...]``, ``.get``, ``os.getenv``) in a file,
+    and every read of the environment by a name held in a variable (which may be one)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Load):
+            key, environ = node.slice, _is_environ(node.value)
+        elif isinstance(node, ast.Call) and getattr(node.func, "attr", None) in ("get", "getenv"):
+            key = node.args[0] if node.args else None
+            environ = node.func.attr == "getenv" or _is_environ(node.func.value)
+        else:
+            continue
+        if isinstance(key, ast.Constant):
+            setting = isinstance(key.value, str) and key.value.startswith(PREFIXES)
+        else:
+            setting = environ and key is not None
+        if setting:
+            found.append(f"{path.relative_to(root)}:{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_environment_settings_are_read_in_one_module():
+    """``openreg/settings.py`` reads every setting, for the runtime and torch_openreg alike (one docs table)."""
+    places = [*_python_files(RUNTIME), *_python_files(ROOT / "torch_openreg")]
+    offenders = [hit for path in places if path != SETTINGS for hit in _setting_reads(path)]
+    assert offenders == [], "settings read outside openreg/settings.py:\n" + "\n".join(offenders)
+    names = {node.value for node in ast.walk(ast.parse(SETTINGS.read_text()))
+             if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith(PREFIXES)}
+    assert {"OPENREG_DEVICE_COUNT", "OPENREG_LAUNCH_BLOCKING", "OPENREG_FALLBACK_FAST"} <= names
+    table = (ROOT / "docs" / "runtime.md").read_text()
+    assert [n for n in sorted(names) if f"| `{n}` |" not in table] == [], "a setting missing from the docs table"
+
+
+def test_the_scanner_finds_setting_reads(tmp_path):
+    sample = tmp_path / "sample.py"
+    sample.write_text(
+        "import os\na = os.environ.get('OPENREG_X', '0')\nb = os.environ['OCCL_Y']\nc = os.getenv('OPENREG_Z')\n"
+        "d = os.environ.get('HOME')\ne = {'OPENREG_W': 1}\nenv = {}\nenv['OPENREG_V'] = '1'\n"
+        "NAME = 'OPENREG_U'\nf = os.environ.get(NAME)\ng = os.environ[NAME]\nh = env.get(NAME)\n"
+    )
+    assert _setting_reads(sample, tmp_path) == [
+        "sample.py:2: os.environ.get('OPENREG_X', '0')",
+        "sample.py:3: os.environ['OCCL_Y']",
+        "sample.py:4: os.getenv('OPENREG_Z')",
+        "sample.py:10: os.environ.get(NAME)",
+        "sample.py:11: os.environ[NAME]",
+    ]

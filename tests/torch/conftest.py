@@ -69,6 +69,13 @@ def asynchronous():
 
 
 @pytest.fixture
+def fallback_fast():
+    """Skip a test of one of the fallback's accelerations when OPENREG_FALLBACK_FAST=0 turns them off."""
+    if not openreg.settings.FALLBACK_FAST:
+        pytest.skip("tests an acceleration of the fallback (OPENREG_FALLBACK_FAST=0 turns them off)")
+
+
+@pytest.fixture
 def two_devices():
     if torch.openreg.device_count() < 2:
         pytest.skip("needs at least two openreg devices (OPENREG_DEVICE_COUNT >= 2)")

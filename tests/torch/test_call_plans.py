@@ -10,22 +10,24 @@ import sys
 import pytest
 import torch
 
-from torch_openreg.aten import fallback
+from torch_openreg.aten import arguments, fallback
+from torch_openreg.aten.fast import call_plans
+from torch_openreg.aten.traits import traits_of
 
 DEV = torch.device("openreg", 0)
 
 
 @pytest.fixture
-def meta_runs(monkeypatch):
-    """Count the general path's output inference (``_meta_outputs``)."""
+def meta_runs(monkeypatch, fallback_fast):
+    """The operators of the calls that took the general path (``fallback.decide``: a plan skips it)."""
     calls = []
-    real = fallback._meta_outputs
+    real = fallback.decide
 
     def counting(op, *args, **kwargs):
         calls.append(op)
         return real(op, *args, **kwargs)
 
-    monkeypatch.setattr(fallback, "_meta_outputs", counting)
+    monkeypatch.setattr(fallback, "decide", counting)
     return calls
 
 
@@ -137,12 +139,12 @@ def test_a_plan_runs_on_the_device_of_its_arguments(two_devices):
         torch.testing.assert_close(y.cpu(), torch.full((3,), index + 1.0))
 
 
-def test_the_plan_table_is_bounded(monkeypatch):
-    monkeypatch.setattr(fallback, "_PLANS_SIZE", 4)
+def test_the_plan_table_is_bounded(monkeypatch, fallback_fast):
+    monkeypatch.setattr(call_plans, "_PLANS_SIZE", 4)
     for n in range(1, 12):
         x = torch.arange(float(n), device=DEV)
         torch.testing.assert_close((x + x).cpu(), 2 * torch.arange(float(n)))
-    assert sum(len(info.plans) for info in fallback._infos.values() if info.plans) <= 4
+    assert 0 < sum(len(entry.plans) for entry in call_plans._ops.values() if entry) <= 4
 
 
 def test_out_of_memory_in_a_planned_call_leaves_no_host_views_in_the_traceback():
@@ -190,3 +192,115 @@ for bad in (lambda: a + b, lambda: a + torch.ones(4, device="openreg:1")):
     proc = run_python(code)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["raised", "True", "raised", "True"]
+
+
+def _key_cases():
+    x = torch.randn(4, 6, device=DEV)
+    c = torch.randn(4, 6, dtype=torch.complex64, device=DEV)
+    return {
+        "tensors": ((x, x.t()), {}, False),
+        "offset view": ((x[1:, 2:],), {"alpha": 2}, False),
+        "lazy bits": ((c.conj(), torch._neg_view(x)), {}, False),
+        "numbers": ((x, 2, 2.0, True, 1j), {}, False),
+        "numbers by type": ((x, 2, 2.5), {}, True),
+        "cpu scalar": ((x, torch.tensor(3.0), torch.tensor(2, dtype=torch.int8)), {}, False),
+        "lists": (([x, None, x[0]], [1, 2.0, True], (3, 4)), {"dim": [0, 1]}, False),
+        "number lists by type": (([x, x], [0.1, 0.2]), {}, True),
+        "other values": ((x, None, "mean", torch.float16, torch.channels_last), {"keepdim": False}, False),
+        "generator": ((x, torch.Generator()), {"generator": None}, False),
+        "second device": ((torch.ones(3, device="openreg:1") if torch.openreg.device_count() > 1 else x,), {}, False),
+    }
+
+
+@pytest.mark.parametrize("placed", [True, False], ids=["placed", "not placed"])
+@pytest.mark.parametrize("name", list(_key_cases()))
+def test_python_and_the_bridge_give_one_call_shape(name, placed):
+    """``arguments.call_key`` and ``_C._describe_call`` describe a call with the same key: the call shapes of
+    the mechanism (routes, meta cache) and the call plans are one."""
+    from torch_openreg import _C
+
+    args, kwargs, by_type = _key_cases()[name]
+    described = _C._describe_call(args, kwargs, by_type, placed)
+    assert described is not None
+    assert described[0] == arguments.call_key(args, kwargs, by_type, placed)
+    assert hash(described[0]) == hash(arguments.call_key(args, kwargs, by_type, placed))
+
+
+def test_call_shapes_tell_apart_what_shapes_outputs():
+    x = torch.randn(4, 6, device=DEV)
+    key = arguments.call_key
+    assert key((x, 2), {}) != key((x, 2.0), {}) != key((x, True), {})
+    assert key((x, 2), {}) != key((x, 3), {}) and key((x, 2), {}, True) == key((x, 3), {}, True)
+    assert key((x,), {}) != key((x.t(),), {}) != key((x[1:],), {})
+    # Where a tensor sits in its storage: part of the call shape only for operators whose outputs depend on it.
+    assert key((x[0],), {}) != key((x[1],), {}) and key((x[0],), {}, False, False) == key((x[1],), {}, False, False)
+    assert key((x[0],), {}, False, False) != key((x[0, :3],), {}, False, False)
+    traits = [traits_of(op).placed for op in (torch.ops.aten.sin.default, torch.ops.aten.sin.out,
+                                              torch.ops.aten.sin_.default, torch.ops.aten.unfold.default)]
+    assert traits == [False, True, True, True]  # fresh outputs; out=, in place, a view
+    c = torch.randn(3, dtype=torch.complex64, device=DEV)
+    assert key((c,), {}) != key((c.conj(),), {}) != key((torch._neg_view(c),), {})
+    assert key((x, torch.tensor([0, 1])), {}) is not None  # CPU indices: keyed by their metadata
+    assert key((x, torch.tensor([True, False])), {}) is None  # a CPU mask's values shape the output
+    assert key((x, [[1, 2]]), {}) is not None and _describe_refuses((x, [[1, 2]]))  # nested: Python only
+
+
+def _describe_refuses(args: tuple) -> bool:
+    from torch_openreg import _C
+
+    return _C._describe_call(args, {}, False) is None
+
+
+def test_the_accelerations_can_be_switched_off(run_python):
+    """OPENREG_FALLBACK_FAST=0: the plain mechanism, no plans, and the CPU allocator left alone; it computes
+    what the CPU computes, out= and in-place calls, losses and functional kernels included."""
+    code = """
+import torch
+import torch.nn.functional as F
+from torch_openreg import _C
+from torch_openreg.aten import arguments, fallback
+from torch_openreg.aten.traits import traits_of
+torch.manual_seed(0)
+x, w, t = torch.randn(2, 3, 8, 8), torch.randn(4, 3, 3, 3), torch.rand(2, 4, 6, 6)
+d = lambda v: v.to("openreg")
+for _ in range(2):
+    checks = [
+        (F.conv2d(d(x), d(w)), F.conv2d(x, w)),
+        (torch.mul(d(t), 2.5, out=torch.empty(0, device="openreg")), t * 2.5),
+        (d(t).add_(1).sum(), (t + 1).sum()),
+        (F.binary_cross_entropy(d(t), d(t.flip(0))), F.binary_cross_entropy(t, t.flip(0))),
+        (torch.nansum(d(t), dim=[]), torch.nansum(t, dim=[])),
+        (d(x)[d(x) > 0], x[x > 0]),
+    ]
+    for got, expected in checks:
+        torch.testing.assert_close(got.cpu(), expected)
+print(type(fallback._path).__name__, _C._cpu_output_allocator_installed())
+try:
+    _C._set_cpu_output_targets([torch.empty(4)], [0])
+except RuntimeError as exc:
+    print("refused" if "installed" in str(exc) else exc)
+"""
+    proc = run_python(code, env={"OPENREG_FALLBACK_FAST": "0"})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["Plain", "False", "refused"]
+
+
+def test_the_cpu_allocator_is_installed_by_the_first_kernel_that_needs_it(run_python):
+    """Importing (``import torch`` autoloads openreg) leaves PyTorch's CPU allocator alone; the accelerations
+    put theirs in front of it when a kernel first needs it."""
+    code = """
+import torch
+from torch_openreg import _C
+from torch_openreg.aten import arguments, fallback
+from torch_openreg.aten.traits import traits_of
+print(type(fallback._path).__name__, _C._cpu_output_allocator_installed())
+x = torch.ones(2, 3, 8, 8, device="openreg")  # fill_ has a kernel of its own
+y = x + 1  # an out= kernel: no served outputs
+print(_C._cpu_output_allocator_installed())
+y = torch.nn.functional.conv2d(x, torch.ones(4, 3, 3, 3, device="openreg"))  # a functional kernel
+torch.openreg.synchronize()
+print(_C._cpu_output_allocator_installed())
+"""
+    proc = run_python(code)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["Accelerated", "False", "False", "True"]

@@ -8,16 +8,16 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from torch_openreg.aten import fallback
+from torch_openreg.aten.fast import served_outputs
 
 DEV = torch.device("openreg", 0)
 
 
 @pytest.fixture
-def copied(monkeypatch):
+def copied(monkeypatch, fallback_fast):
     """Results a functional kernel's launch had to copy into its outputs (not computed in place)."""
     seen = []
-    real = fallback._in_place
+    real = served_outputs.in_place
 
     def spy(result, view):
         in_place = real(result, view)
@@ -25,7 +25,7 @@ def copied(monkeypatch):
             seen.append(tuple(view.shape))
         return in_place
 
-    monkeypatch.setattr(fallback, "_in_place", spy)
+    monkeypatch.setattr(served_outputs, "in_place", spy)
     return seen
 
 
@@ -101,7 +101,7 @@ def test_results_in_each_others_buffers_are_moved_before_they_are_copied(test_op
     assert copied == [(32,), (32,)]
 
 
-def test_a_kernel_that_keeps_served_memory_is_reported_and_no_longer_served(test_ops, memory_in_use):
+def test_a_kernel_that_keeps_served_memory_is_reported_and_no_longer_served(test_ops, memory_in_use, fallback_fast):
     ops, kept = test_ops
     before = memory_in_use()
     x = torch.randn(64)

@@ -146,7 +146,7 @@ def test_synchronous_collective_runs_on_the_current_stream(group, launches):
 def test_a_loop_of_collectives_queues_no_waits_on_the_group_stream(group, launches, blocked):
     """Each call waits for the caller's stream only if work was queued there since the last one waited."""
     t = torch.ones(4, device="openreg")
-    t.mul_(1)  # the fallback runs an operator's first call synchronously
+    t.mul_(2).mul_(0.5)  # the fallback runs a call shape's first call (numbers included) synchronously
     gate = blocked()  # the caller's stream holds: each of its items is still pending at the next launch
     for i in range(5):
         dist.all_reduce(t, async_op=True).wait()

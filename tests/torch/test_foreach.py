@@ -127,20 +127,20 @@ def test_a_foreach_operator_is_one_launch():
     _same(norms, torch._foreach_norm(a))
 
 
-def test_changing_optimizer_numbers_reuse_the_output_metadata():
+def test_changing_optimizer_numbers_reuse_the_output_metadata(fallback_fast):
     """A foreach operator's numbers (a learning rate, a bias correction) change every step; the meta
     kernel runs once per list shape, and every value still computes its own result."""
-    from torch_openreg.aten import fallback
+    from torch_openreg.aten.fast import meta_cache
 
     a, b = _lists()
     da, db = _dev(a), _dev(b)
     torch._foreach_addcdiv_(da, db, _dev([t.abs() + 1 for t in b]), [0.1, 0.2, 0.3])
-    cached = len(fallback._meta_cache)
+    cached = len(meta_cache._cache)
     for step in range(1, 4):
         values = [0.5 / step, -1.5 * step, 2.0 + step]
         torch._foreach_addcdiv_(da, db, _dev([t.abs() + 1 for t in b]), values)
         torch._foreach_mul_(da, 1.0 + step)
-    assert len(fallback._meta_cache) <= cached + 1  # the mul's one entry, not one per value
+    assert len(meta_cache._cache) <= cached + 1  # the mul's one entry, not one per value
     torch._foreach_addcdiv_(a, b, [t.abs() + 1 for t in b], [0.1, 0.2, 0.3])
     for step in range(1, 4):
         torch._foreach_addcdiv_(a, b, [t.abs() + 1 for t in b], [0.5 / step, -1.5 * step, 2.0 + step])

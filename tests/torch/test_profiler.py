@@ -149,6 +149,19 @@ def test_table_sorts_by_device_time():
     assert total == sorted(total, reverse=True)
 
 
+def test_the_fallbacks_meta_run_is_not_listed():
+    """A call shape's first call infers its outputs by a meta run (every call, with the accelerations off):
+    the profile lists the operator the program called and its device work, not the meta run nested in it."""
+    a = torch.randn(37, 41, device="openreg")  # a call shape no other test makes
+    with profile(activities=ACTIVITIES) as prof:
+        (a @ a.T).sum()
+        torch.openreg.synchronize()
+    cpu = Counter(e.name for e in prof.events() if e.device_type == DeviceType.CPU)
+    assert cpu["aten::mm"] == 1 and cpu["aten::sum"] == 1, cpu
+    assert not [e for e in prof.events() if "meta" in str(e.input_shapes)], "meta tensors in the profile"
+    assert {e.name for e in prof.events() if e.device_type == DeviceType.PrivateUse1} >= {"aten::mm"}
+
+
 def test_chrome_trace_has_device_rows_and_flows(tmp_path):
     stream = torch.openreg.Stream()
     x = torch.randn(64, 64, device="openreg")

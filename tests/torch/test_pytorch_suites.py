@@ -36,18 +36,26 @@ def test_out_tensor_on_the_cpu_is_refused(op, no_leak):
 # offset, which fresh outputs do not depend on: one call shape (one meta run, one checking synchronous run,
 # one plan), not one per row, each run synchronously. The results stay the CPU's.
 def test_the_slices_of_a_tensor_share_one_call_shape(monkeypatch, launches, asynchronous):
+    import openreg
     from torch_openreg.aten import fallback
 
-    meta_runs = []
-    real = fallback._meta_outputs
-    monkeypatch.setattr(fallback, "_meta_outputs", lambda op, *a, **k: meta_runs.append(op) or real(op, *a, **k))
+    meta_runs, checks = [], []
+    path = fallback._path  # the mechanism's choices (fallback.Plain), or the accelerations' (aten/fast)
+    meta, launch = path.meta_outputs, path.launch
+    monkeypatch.setattr(path, "meta_outputs", lambda call: meta_runs.append(call.op) or meta(call))
+    monkeypatch.setattr(path, "launch", lambda call, check: checks.append((call.op, check)) or launch(call, check))
     x = torch.randn(64, 33)
     d = x.to("openreg")
     torch.openreg.synchronize()
     launches.clear()
     rows = [torch.special.expit(d[i]) for i in range(64)]  # an operator no other test here runs on (33,) rows
     torch.testing.assert_close(torch.stack(rows).cpu(), torch.special.expit(x))
-    assert meta_runs.count(torch.ops.aten.sigmoid.default) == 1, meta_runs
+    sigmoid = torch.ops.aten.sigmoid.default
+    assert checks.count((sigmoid, True)) == 1, checks  # one checking run at the call; the other rows queued
+    if openreg.settings.FALLBACK_FAST:  # the meta cache and the call plans: one meta run, then the plan
+        assert meta_runs.count(sigmoid) == 1, meta_runs
+    else:  # the plain mechanism infers every call's metadata
+        assert meta_runs.count(sigmoid) == 64, meta_runs
     assert [n for n, *_ in launches].count("aten::sigmoid") == 64
 
 

@@ -8,7 +8,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from torch_openreg.aten import fallback
+from torch_openreg.aten import traits
+from torch_openreg.aten.fast import call_plans
 
 DEV = "openreg"
 
@@ -133,10 +134,12 @@ def test_fallthrough_on_autograd_key():
 def test_never_fallback_blocklist(monkeypatch):
     x = torch.randn(3)
     assert torch.erfinv(x.to(DEV)).shape == (3,)
-    monkeypatch.setitem(fallback.NEVER_FALLBACK, "aten::erfinv", "blocked for this test")
-    monkeypatch.setattr(fallback, "_infos", {})
+    monkeypatch.setitem(traits.NEVER_FALLBACK, "aten::erfinv", "blocked for this test")
+    monkeypatch.setattr(traits, "_traits", {})
+    monkeypatch.setattr(call_plans, "_ops", {})
     with pytest.raises(NotImplementedError, match=r"aten::erfinv is not supported on the openreg device"):
         torch.erfinv(x.to(DEV))
     monkeypatch.undo()
-    fallback._infos.clear()
+    traits._traits.clear()
+    call_plans._ops.clear()
     torch.testing.assert_close(torch.erfinv(x.to(DEV) / 4).cpu(), torch.erfinv(x / 4))

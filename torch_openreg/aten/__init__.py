@@ -9,6 +9,8 @@ import functools
 
 import torch
 
+import openreg
+
 from . import (  # noqa: F401  (custom_ops registers on import)
     copy,
     custom_ops,
@@ -19,6 +21,7 @@ from . import (  # noqa: F401  (custom_ops registers on import)
     quantized_dynamic,
     random,
     rnn,
+    routes,
     sdpa,
     sparse,
     view_backward,
@@ -31,8 +34,8 @@ _aten.impl("_copy_from_and_resize", copy.copy_from_and_resize, "PrivateUse1")
 _aten.impl("_local_scalar_dense", copy.local_scalar_dense, "PrivateUse1")
 _aten.impl("record_stream", copy.record_stream, "PrivateUse1")
 _aten.impl("native_dropout", random.native_dropout, "PrivateUse1")
-_aten.impl("convolution_overrideable", fallback.convolution_overrideable, "PrivateUse1")
-_aten.impl("convolution_backward_overrideable", fallback.convolution_backward_overrideable, "PrivateUse1")
+_aten.impl("convolution_overrideable", routes.convolution_overrideable, "PrivateUse1")
+_aten.impl("convolution_backward_overrideable", routes.convolution_backward_overrideable, "PrivateUse1")
 
 # The conjugate/negative-bit fallbacks resolve a lazily conjugated input by cloning it, and a
 # clone copies through _copy_from again: endless recursion. copy_from applies the bits itself.
@@ -58,6 +61,13 @@ _aten.impl("relu_", lambda x: fallback.fallback(torch.ops.aten.clamp_min_.defaul
 _global = torch.library.Library("_", "IMPL")
 _global.fallback(fallback.fallback, "PrivateUse1")
 # LITERALINCLUDE END: REGISTER PYTHON KERNELS
+
+# LITERALINCLUDE START: FALLBACK SWITCH
+if openreg.settings.FALLBACK_FAST:  # OPENREG_FALLBACK_FAST=0 leaves the plain mechanism (see fast/)
+    from . import fast
+
+    fast.install()
+# LITERALINCLUDE END: FALLBACK SWITCH
 
 # LITERALINCLUDE START: REGISTER EXAMPLES
 _aten.impl("silu", examples.silu, "PrivateUse1")  # a hand-written Python kernel
@@ -114,5 +124,5 @@ _aten.impl("select_backward", view_backward.select_backward, "PrivateUse1")
 _aten.impl("slice_backward", view_backward.slice_backward, "PrivateUse1")
 
 # Last, so that every operator with a kernel of its own above keeps it.
-fallback.register_structured(_aten)
-fallback.register_foreach(_aten)
+routes.register_structured(_aten)
+routes.register_foreach(_aten)

@@ -13,7 +13,7 @@ import torch
 import openreg
 from torch_openreg import _C
 from torch_openreg.device import sync_debug
-from torch_openreg.memory import host_allocator
+from torch_openreg.memory import host_allocator, owner
 from torch_openreg.timing import costs as timing_costs
 
 from .launch import host_view, launch, run_sync
@@ -52,25 +52,32 @@ def copy_from(src: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False) 
         done.record(dst_stream)
         src_stream.wait_event(done)
         return dst
-    if dst.get_device() >= 0:  # host to device
-        device, tensors, args, host = dst.device.index, (dst,), (host_view(dst), _C._cpu_alias(src)), src
-    else:  # device to host
-        device, tensors, args, host = src.device.index, (src,), (_C._cpu_alias(dst), host_view(src)), dst
-    writes = tensors if host is src else ()  # the device side: written from the host, or read to it
+    to_device = dst.get_device() >= 0
+    host = src if to_device else dst
     if non_blocking and host.is_pinned():
+        device, tensors, args = _kernel_copy(src, dst, to_device)
+        writes = tensors if to_device else ()  # the device side: written from the host, or read to it
         stream, _ = launch(device, _copy_into, *args, tensors=tensors, writes=writes, name="copy_async")
         # The pinned block must not be handed out again before this copy has run.
         host_allocator.record_event(host.untyped_storage().data_ptr(), stream)
     else:
         # A blocking copy, or pageable host memory: the copy waits for itself (as cudaMemcpy does).
         if sync_debug.mode:
-            sync_debug.check(f"a blocking copy {'to' if host is dst else 'from'} the host (aten::_copy_from)")
-        if not (_engine_dtoh(src, dst) if host is dst else _engine_htod(src, dst, blocking=not non_blocking)):
+            sync_debug.check(f"a blocking copy {'from' if to_device else 'to'} the host (aten::_copy_from)")
+        if not (_engine_htod(src, dst, blocking=not non_blocking) if to_device else _engine_dtoh(src, dst)):
+            device, tensors, args = _kernel_copy(src, dst, to_device)
             # To the host the copy is a host read; from the host, with non_blocking, CUDA returns before the
             # copy has run (the data is staged): no host synchronization for the stream sanitizer.
-            run_sync(device, _copy_into, *args, tensors=tensors, name="copy", writes=writes,
-                     host_sync=host is dst or not non_blocking)
+            run_sync(device, _copy_into, *args, tensors=tensors, name="copy", writes=tensors if to_device else (),
+                     host_sync=not to_device or not non_blocking)
     return dst
+
+
+def _kernel_copy(src: torch.Tensor, dst: torch.Tensor, to_device: bool) -> tuple[int, tuple, tuple]:
+    """The device, the openreg tensor and the two views of a copy run as a kernel."""
+    if to_device:
+        return dst.device.index, (dst,), (host_view(dst), _C._cpu_alias(src))
+    return src.device.index, (src,), (_C._cpu_alias(dst), host_view(src))
 # LITERALINCLUDE END: COPY FROM
 
 
@@ -102,8 +109,21 @@ def _read(src: torch.Tensor, name: str = "copy") -> torch.Tensor | None:
     return torch._neg_view(host) if src.is_neg() else host
 
 
+def _same_bytes(src: torch.Tensor, dst: torch.Tensor) -> bool:
+    """True when ``dst`` takes ``src``'s bytes as they are: one contiguous block each, of the same dtype and
+    shape, without lazy conjugate or negative bits (``.cpu()`` of a contiguous tensor, ``.item()``)."""
+    return (src.dtype == dst.dtype and src.shape == dst.shape and src.is_contiguous() and dst.is_contiguous()
+            and not (src.is_conj() or src.is_neg() or dst.is_conj() or dst.is_neg()) and not dst.is_quantized)
+
+
 def _engine_dtoh(src: torch.Tensor, dst: torch.Tensor) -> bool:
-    """A small device-to-host copy through the copy engine: no kernel, no page opened to the host."""
+    """A small device-to-host copy through the copy engine: no kernel, no page opened to the host. Where
+    ``dst`` takes the bytes as they are, the engine reads straight into it."""
+    if _same_bytes(src, dst):
+        nbytes = _extent(src)
+        if nbytes and nbytes == dst.numel() * dst.element_size():
+            stream = openreg.current_stream(src.device.index)
+            return openreg.memcpy_dtoh_into(dst.data_ptr(), src.data_ptr(), nbytes, stream, "copy", about=src)
     host = _read(src)
     if host is None:
         return False
@@ -132,12 +152,23 @@ def copy_from_and_resize(src: torch.Tensor, dst: torch.Tensor) -> torch.Tensor:
 
 def record_stream(t: torch.Tensor, stream: torch.Stream) -> None:
     """``Tensor.record_stream``: the caching allocator keeps ``t``'s block until ``stream``'s work is done."""
-    import openreg
-    from torch_openreg.memory import owner
-
     ptr = t.untyped_storage().data_ptr()
     if ptr:
         owner(ptr).record_stream(ptr, openreg.get_stream(stream.device_index, stream.stream_id))
+
+
+def _read_scalar(t: torch.Tensor) -> torch.Tensor | None:
+    """``t``'s one value in a host tensor, read by the copy engine straight into it; None when the engine does
+    not apply. (Lazy conjugate or negative bits, and a tensor of more than one element, whose ``.item()``
+    raises, take :func:`_read`.)"""
+    if t.numel() != 1 or t.is_conj() or t.is_neg():
+        return _read(t, "item")
+    nbytes = _extent(t)
+    if nbytes is None:
+        return None
+    host = torch.empty((), dtype=t.dtype)
+    stream = openreg.current_stream(t.device.index)
+    return host if openreg.memcpy_dtoh_into(host.data_ptr(), t.data_ptr(), nbytes, stream, "item", about=t) else None
 
 
 # LITERALINCLUDE START: LOCAL SCALAR DENSE
@@ -148,7 +179,7 @@ def local_scalar_dense(t: torch.Tensor) -> int | float | bool | complex:
         sync_debug.check("aten::_local_scalar_dense (.item())")
     if openreg.timing.active:
         timing_costs.price_item(t)
-    host = _read(t, "item")
+    host = _read_scalar(t)
     if host is not None:
         return host.item()
     return run_sync(t.device.index, lambda v: v.item(), host_view(t), tensors=(t,), writes=(), name="item")

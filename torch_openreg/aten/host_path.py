@@ -18,8 +18,8 @@ import torch
 
 from torch_openreg.device import sync_debug
 
-from .fallback import FRESH, INPLACE, OpInfo
 from .launch import run_sync
+from .traits import Kind, OpTraits
 
 
 def device_tensors(args: tuple, kwargs: dict) -> list[torch.Tensor]:
@@ -45,7 +45,7 @@ def device_of(name: str, tensors: list[torch.Tensor]) -> torch.device:
 
 
 # LITERALINCLUDE START: HOST PATH
-def run(op: torch._ops.OpOverload, info: OpInfo, args: tuple, kwargs: dict, *, on_host: Callable[[Any], Any],
+def run(op: torch._ops.OpOverload, traits: OpTraits, args: tuple, kwargs: dict, *, on_host: Callable[[Any], Any],
         parts: Callable[[torch.Tensor], list[torch.Tensor]],
         validate: Callable[[torch.Tensor], None] | None = None) -> Any:
     """Run ``op``'s CPU kernel over host-side copies of the arguments' metadata (``on_host``), in a launch.
@@ -54,30 +54,31 @@ def run(op: torch._ops.OpOverload, info: OpInfo, args: tuple, kwargs: dict, *, o
     ``validate(t)``, if given, checks each host-side argument before the kernel trusts it.
     """
     if sync_debug.mode:  # the host waits for what the simulator needs; reported where CUDA would wait too
-        with sync_debug.reported(op.name() if info.host_waits else None):
-            return _run(op, info, args, kwargs, on_host, parts, validate)
-    return _run(op, info, args, kwargs, on_host, parts, validate)
+        with sync_debug.reported(op.name() if traits.host_waits else None):
+            return _run(op, traits, args, kwargs, on_host, parts, validate)
+    return _run(op, traits, args, kwargs, on_host, parts, validate)
 
 
-def _run(op, info: OpInfo, args: tuple, kwargs: dict, on_host, parts, validate) -> Any:
+def _run(op, traits: OpTraits, args: tuple, kwargs: dict, on_host, parts, validate) -> Any:
     tensors = device_tensors(args, kwargs)
     device = device_of(op.name(), tensors)
     extents = [p for t in tensors if t.device.type != "cpu" for p in parts(t)]
-    inplace = [kind == INPLACE for kind, _ in info.returns]
-    written = [p for kind, arg in info.returns if kind == INPLACE for p in parts(info.value(args, kwargs, arg))]
+    inplace = [ret.kind is Kind.INPLACE for ret in traits.returns]
+    written = [p for ret in traits.returns if ret.kind is Kind.INPLACE
+               for p in parts(traits.value(args, kwargs, ret.arg))]
     results = run_sync(device.index, _kernel, op, on_host(args), {k: on_host(v) for k, v in kwargs.items()},
                        inplace, parts, validate, tensors=extents, writes=written, name=op.name(),
-                       host_sync=info.host_waits)
+                       host_sync=traits.host_waits)
     if results is None:
         return None
     final = []
-    for (kind, arg), r in zip(info.returns, results):
-        if kind == INPLACE:
-            target = info.value(args, kwargs, arg)
+    for ret, r in zip(traits.returns, results):
+        if ret.kind is Kind.INPLACE:
+            target = traits.value(args, kwargs, ret.arg)
             if r is not None:  # its parts were replaced: the new ones are host memory, copied in
                 target.copy_(r)
             final.append(target)
-        elif kind == FRESH:
+        elif ret.kind is Kind.FRESH:
             final.append(r.to(device) if isinstance(r, torch.Tensor) else r)
         else:
             raise NotImplementedError(f"{op.name()} returns a view of its input, which the host path cannot map "

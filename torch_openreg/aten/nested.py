@@ -28,8 +28,8 @@ from typing import Any
 import torch
 
 from . import host_path
-from .fallback import OpInfo
 from .launch import host_view
+from .traits import OpTraits, traits_of
 
 _has_kernel = torch._C._dispatch_has_kernel_for_dispatch_key
 _NESTED_CPU = torch._C.DispatchKeySet(torch._C.DispatchKey.NestedTensorCPU)
@@ -43,10 +43,10 @@ GENERIC_CPU_ONLY = {"aten::to_padded_tensor", "aten::bmm", "aten::_nested_tensor
 # result the host path gives bit for bit (redispatched, it differs from the CPU's in the last bit).
 HOST_PATH = {"aten::native_layer_norm", "aten::native_layer_norm_backward", "aten::_transformer_encoder_layer_fwd"}
 NEVER = {"aten::_pin_memory": "pinning applies to CPU tensors; openreg memory is device memory"}
-_infos: dict[torch._ops.OpOverload, tuple[str, OpInfo | None]] = {}
+_infos: dict[torch._ops.OpOverload, tuple[str, OpTraits | None]] = {}
 
 
-def _route(op: torch._ops.OpOverload) -> tuple[str, OpInfo | None]:
+def _route(op: torch._ops.OpOverload) -> tuple[str, OpTraits | None]:
     route = _infos.get(op)
     if route is None:
         name = op.name()
@@ -55,7 +55,7 @@ def _route(op: torch._ops.OpOverload) -> tuple[str, OpInfo | None]:
         elif (_has_kernel(name, "NestedTensorHPU") or name in GENERIC_CPU_ONLY) and name not in HOST_PATH:
             route = ("generic", None)
         elif _has_kernel(name, "NestedTensorCPU"):
-            route = ("host", OpInfo(op))
+            route = ("host", traits_of(op))
         else:
             route = ("none", None)
         _infos[op] = route
@@ -154,6 +154,6 @@ def _parts(t: torch.Tensor) -> list[torch.Tensor]:
     return [_buffer(t)] if t.is_nested else [t]
 
 
-def _host_path(op, info: OpInfo, args: tuple, kwargs: dict) -> Any:
-    return host_path.run(op, info, args, kwargs, on_host=_on_host, parts=_parts)
+def _host_path(op, traits: OpTraits, args: tuple, kwargs: dict) -> Any:
+    return host_path.run(op, traits, args, kwargs, on_host=_on_host, parts=_parts)
 # LITERALINCLUDE END: NESTED HOST PATH

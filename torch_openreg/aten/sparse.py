@@ -27,8 +27,8 @@ from typing import Any
 import torch
 
 from . import host_path
-from .fallback import OpInfo
 from .launch import host_view
+from .traits import OpTraits, traits_of
 
 _has_kernel = torch._C._dispatch_has_kernel_for_dispatch_key
 _KEYS = {  # openreg key -> (CPU key whose kernels are borrowed, as a keyset)
@@ -74,7 +74,7 @@ def sparse_fallback(key: str, op: torch._ops.OpOverload, *args: Any, **kwargs: A
             f"{name} is not implemented for openreg sparse tensors ({key}): PyTorch has no {cpu_key} kernel "
             "for it either; convert with .to_dense() (or another sparse layout) first"
         )
-    return _host_path(op, _info(op), args, kwargs)
+    return _host_path(op, traits_of(op), args, kwargs)
 
 
 def _redispatch(op, keyset, args: tuple, kwargs: dict) -> Any:
@@ -107,16 +107,6 @@ def register(fallbacks: torch.library.Library, aten: torch.library.Library) -> i
                 count += 1
     return count
 # LITERALINCLUDE END: SPARSE ROUTES
-
-
-_infos: dict[torch._ops.OpOverload, OpInfo] = {}
-
-
-def _info(op: torch._ops.OpOverload) -> OpInfo:
-    info = _infos.get(op)
-    if info is None:
-        info = _infos[op] = OpInfo(op)
-    return info
 
 
 # LITERALINCLUDE START: SPARSE HOST PATH
@@ -157,6 +147,6 @@ def _validate(t: torch.Tensor) -> None:
         torch._validate_sparse_compressed_tensor_args(*_members(t), t.shape, t.layout)
 
 
-def _host_path(op, info: OpInfo, args: tuple, kwargs: dict) -> Any:
-    return host_path.run(op, info, args, kwargs, on_host=_on_host, parts=_members, validate=_validate)
+def _host_path(op, traits: OpTraits, args: tuple, kwargs: dict) -> Any:
+    return host_path.run(op, traits, args, kwargs, on_host=_on_host, parts=_members, validate=_validate)
 # LITERALINCLUDE END: SPARSE HOST PATH

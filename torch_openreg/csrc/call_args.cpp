@@ -1,10 +1,12 @@
-// The fallback's fast path, in one crossing each way: describe an operator call's
-// arguments (a hashable key of their metadata, their host-side form, the device
-// extents a launch names), and allocate an output with its host view. What is
-// cached under the key and how the call runs is decided in Python
-// (torch_openreg/aten/fallback.py); this file only reads tensors and builds
+// The call plans' argument walk (torch_openreg/aten/fast/call_plans.py), in one crossing each way:
+// describe an operator call's arguments (its call shape, their host-side form, the device extents a
+// launch names), and allocate an output with its host view. The call shape is the key
+// torch_openreg/aten/arguments.py's call_key computes in Python, element for element; what is cached
+// under it and how the call runs is decided in Python. This file only reads tensors and builds
 // tuples, which costs ~1 us here and ~5 us per call in Python.
 #include <ATen/ops/empty_strided.h>
+#include <torch/csrc/DynamicTypes.h>
+#include <torch/csrc/Generator.h>
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/utils/pybind.h>
 
@@ -24,17 +26,19 @@ py::tuple extent(const at::Tensor& t) {
 }
 
 // LITERALINCLUDE START: DESCRIBE TENSOR
-// An openreg tensor's key: everything its output metadata can depend on (device, dtype, the lazy
-// conjugate/negative bits, storage offset and size, sizes and strides), as one flat tuple of ints.
-// Without ``placed`` the storage offset and size are left out (as 0): fresh outputs do not depend
-// on where an input sits in its storage, and the slices of one tensor then share one key.
+py::handle dtype(const at::Tensor& t) { return reinterpret_cast<PyObject*>(torch::getTHPDtype(t.scalar_type())); }
+
+// An openreg tensor's call shape (arguments.call_key): (device index, dtype, conj | neg << 1, storage
+// offset, storage bytes, *sizes, *strides), one flat tuple. Without ``placed`` the storage offset and
+// size are 0: fresh outputs do not depend on where an input sits in its storage, so the slices of one
+// tensor share one call shape (traits.OpTraits.placed).
 py::tuple tensor_key(const at::Tensor& t, bool placed) {
   auto sizes = t.sizes();
   auto strides = t.strides();
   auto n = static_cast<size_t>(sizes.size());
   py::tuple key(5 + 2 * n);
   key[0] = py::int_(t.device().index());
-  key[1] = py::int_(static_cast<int>(t.scalar_type()));
+  key[1] = dtype(t);
   key[2] = py::int_((t.is_conj() ? 1 : 0) | (t.is_neg() ? 2 : 0));
   key[3] = py::int_(placed ? t.storage_offset() : 0);
   key[4] = py::int_(placed ? t.storage().nbytes() : 0);
@@ -52,10 +56,26 @@ struct Description {
   py::list extents;
 };
 
+bool is_number(PyObject* obj) {
+  return PyBool_Check(obj) || PyLong_Check(obj) || PyFloat_Check(obj) || PyComplex_Check(obj);
+}
+
+// A number's key: (type, value), or its type alone for operators whose numbers never shape outputs
+// (2, 2.0 and True are equal but promote differently: the type is part of the key).
+py::object number_key(const py::handle& value, const Description& d) {
+  py::handle type(reinterpret_cast<PyObject*>(Py_TYPE(value.ptr())));
+  return d.numbers_by_type ? py::reinterpret_borrow<py::object>(type) : py::object(py::make_tuple(type, value));
+}
+
 // One argument: its key and its host-side form. False when only the general path can take it
-// (a CPU tensor that is not a 0-dim scalar, a tensor of another device).
-bool describe(const py::handle& value, Description& d, py::object& key, py::object& host) {
+// (a CPU tensor that is not a 0-dim scalar, a tensor of another device, a nested list).
+bool describe(const py::handle& value, Description& d, py::object& key, py::object& host, bool in_list = false) {
   PyObject* obj = value.ptr();
+  if (is_number(obj)) { // first: cheaper than THPVariable_Check, and most list items are numbers
+    key = number_key(value, d);
+    host = py::reinterpret_borrow<py::object>(value);
+    return true;
+  }
   if (THPVariable_Check(obj)) {
     const at::Tensor& t = THPVariable_Unpack(obj);
     if (t.device().is_privateuseone()) {
@@ -65,55 +85,46 @@ bool describe(const py::handle& value, Description& d, py::object& key, py::obje
       return true;
     }
     if (t.device().is_cpu() && t.dim() == 0) {
-      key = py::make_tuple(-1, static_cast<int>(t.scalar_type()));
+      key = py::make_tuple(-1, dtype(t));
       host = wrap(t.clone()); // a CPU scalar is read at the call, as CUDA copies it
       return true;
     }
     return false;
   }
-  if (PyBool_Check(obj) || PyLong_Check(obj) || PyFloat_Check(obj) || PyComplex_Check(obj)) {
-    // 2, 2.0 and True are equal but promote differently: the type is part of the key
-    py::handle type(reinterpret_cast<PyObject*>(Py_TYPE(obj)));
-    key = d.numbers_by_type ? py::reinterpret_borrow<py::object>(type) : py::make_tuple(type, value);
-    host = py::reinterpret_borrow<py::object>(value);
-    return true;
-  }
   if (PyList_Check(obj) || PyTuple_Check(obj)) {
-    auto items = py::reinterpret_borrow<py::sequence>(value);
-    auto n = static_cast<size_t>(items.size());
+    if (in_list) return false; // a nested list: the general path
+    bool is_list = PyList_Check(obj);
+    auto n = static_cast<size_t>(is_list ? PyList_GET_SIZE(obj) : PyTuple_GET_SIZE(obj));
     py::tuple keys(n);
     py::list hosts(n);
     bool tensors = false;
     for (size_t i = 0; i < n; ++i) {
-      py::handle item = items[i];
+      auto index = static_cast<Py_ssize_t>(i);
+      py::handle item(is_list ? PyList_GET_ITEM(obj, index) : PyTuple_GET_ITEM(obj, index)); // borrowed
       py::object k, h;
-      if (item.is_none()) {
-        k = h = py::none();
-      } else if (THPVariable_Check(item.ptr())) {
-        if (!describe(item, d, k, h)) return false;
-        tensors = true;
-      } else if (PyLong_Check(item.ptr()) || PyFloat_Check(item.ptr()) || PyBool_Check(item.ptr())) {
-        k = py::make_tuple(py::handle(reinterpret_cast<PyObject*>(Py_TYPE(item.ptr()))), item);
-        h = py::reinterpret_borrow<py::object>(item);
-      } else {
-        return false; // nested lists and other kinds: the general path
-      }
+      if (!describe(item, d, k, h, /*in_list=*/true)) return false;
+      tensors = tensors || !(item.is_none() || is_number(item.ptr())); // in a list, the rest are tensors
       keys[i] = k;
       hosts[i] = h;
     }
     key = keys;
-    host = !tensors ? py::reinterpret_borrow<py::object>(value) : PyTuple_Check(obj) ? py::object(py::tuple(hosts))
-                                                                                    : py::object(hosts);
+    host = !tensors ? py::reinterpret_borrow<py::object>(value)
+                    : PyTuple_Check(obj) ? py::object(py::tuple(hosts)) : py::object(hosts);
     return true;
   }
-  key = host = py::reinterpret_borrow<py::object>(value); // None, strings, dtypes, ...: hashable as they are
+  if (in_list && obj != Py_None) return false; // in a list, only tensors, numbers and None: else the general path
+  // None, strings, dtypes, ...: hashable as they are; a generator never shapes outputs: keyed None. (A C-level
+  // type check: THPGenerator_Check is PyObject_IsInstance, which runs torch.Generator's Python __instancecheck__.)
+  bool generator = PyObject_TypeCheck(obj, reinterpret_cast<PyTypeObject*>(THPGeneratorClass));
+  key = generator ? py::none() : py::reinterpret_borrow<py::object>(value);
+  host = py::reinterpret_borrow<py::object>(value);
   return true;
 }
 
 } // namespace
 
 // LITERALINCLUDE START: DESCRIBE CALL
-// [key, host args, host kwargs, extents] of a call, or None when the general path must take it.
+// [call shape, host args, host kwargs, extents] of a call, or None when the general path must take it.
 py::object describe_call(const py::tuple& args, const py::dict& kwargs, bool numbers_by_type, bool placed) {
   Description d{numbers_by_type, placed, py::list()};
   auto n = static_cast<size_t>(args.size());
@@ -133,7 +144,7 @@ py::object describe_call(const py::tuple& args, const py::dict& kwargs, bool num
     key[i++] = py::make_tuple(item.first, k);
     host_kwargs[item.first] = h;
   }
-  py::list described(4); // a list: the fallback empties it when the call fails (see fallback._run)
+  py::list described(4); // a list: emptied when the call fails (see call_plans._run)
   described[0] = key;
   described[1] = host_args;
   described[2] = host_kwargs;

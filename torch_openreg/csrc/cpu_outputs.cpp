@@ -1,4 +1,5 @@
-// Lets a functional CPU kernel allocate its outputs straight in device memory.
+// Lets a functional CPU kernel allocate its outputs straight in device memory (an acceleration of
+// the fallback: torch_openreg/aten/fast/served_outputs.py).
 //
 // Many CPU operators have no real out= kernel (convolution, layer norm: PyTorch's
 // generated out= overload runs the functional kernel and copies its result). A
@@ -7,8 +8,11 @@
 // one of those sizes on the calling thread is served from that buffer instead of
 // the CPU allocator, so the operator computes in place and nothing is copied.
 // Which buffers, and checking that each result did land where it belongs, is the
-// fallback's business (torch_openreg/aten/fallback.py, _CopyKernel); this file
-// only serves the allocations it was told about.
+// fallback's business (ServedKernel); this file only serves the allocations it was told about.
+//
+// Serving needs a CPU allocator in front of PyTorch's for the whole process (c10::SetCPUAllocator
+// has no per-thread form): install_cpu_output_allocator() puts it there when the accelerations are
+// turned on (torch_openreg.aten.fast.install), never as a side effect of loading this extension.
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
 #include <torch/csrc/utils/pybind.h>
@@ -101,6 +105,9 @@ CPUOutputAllocator g_cpu_outputs;
 // the addresses of the allocations of their sizes, in order.
 std::vector<std::vector<uintptr_t>> set_cpu_output_targets(const std::vector<at::Tensor>& tensors,
                                                            const std::vector<int64_t>& skips) {
+  TORCH_CHECK(tensors.empty() || c10::GetCPUAllocator() == &g_cpu_outputs,
+              "openreg: CPU outputs can only be served once the allocator is installed "
+              "(_install_cpu_output_allocator, done by torch_openreg.aten.fast.install)");
   std::vector<std::vector<uintptr_t>> seen;
   for (auto& target : t_targets) seen.push_back(std::move(target.seen));
   t_targets.clear();
@@ -125,10 +132,23 @@ size_t cpu_outputs_held() {
 }
 // LITERALINCLUDE END: CPU OUTPUT TARGETS
 
-void install_cpu_output_allocator() {
-  g_cpu_outputs.cpu = c10::GetCPUAllocator();
-  g_cpu_raw_deleter = g_cpu_outputs.cpu->raw_deleter();
-  c10::SetCPUAllocator(&g_cpu_outputs, /*priority=*/1);
+// LITERALINCLUDE START: INSTALL CPU OUTPUT ALLOCATOR
+// Put the allocator in front of PyTorch's CPU allocator, for every CPU allocation of the process; it
+// passes each one through unless this thread's kernel named targets. Idempotent; there is no undo
+// (c10 keeps no previous allocator), so it is installed only when the accelerations are on.
+bool install_cpu_output_allocator() {
+  static std::once_flag once;
+  bool installed = false;
+  std::call_once(once, [&] {
+    g_cpu_outputs.cpu = c10::GetCPUAllocator();
+    g_cpu_raw_deleter = g_cpu_outputs.cpu->raw_deleter();
+    c10::SetCPUAllocator(&g_cpu_outputs, /*priority=*/1);
+    installed = true;
+  });
+  return installed;
 }
+
+bool cpu_output_allocator_installed() { return c10::GetCPUAllocator() == &g_cpu_outputs; }
+// LITERALINCLUDE END: INSTALL CPU OUTPUT ALLOCATOR
 
 } // namespace openreg

@@ -47,6 +47,20 @@ class KernelScope {
 };
 // LITERALINCLUDE END: KERNEL SCOPE
 
+// LITERALINCLUDE START: UNRECORDED
+// Operators run while it is entered are not observed by RecordFunction callbacks (the profiler's). The
+// fallback's meta run is its own inference of output metadata, not an operator the program called: a
+// profiler would list it, and the meta tensors it makes, nested in the operator that ran it.
+class Unrecorded {
+ public:
+  void enter() { guard_ = std::make_unique<at::RecordFunctionGuard>(false); }
+  void exit() { guard_.reset(); } // back to what it was
+
+ private:
+  std::unique_ptr<at::RecordFunctionGuard> guard_;
+};
+// LITERALINCLUDE END: UNRECORDED
+
 // LITERALINCLUDE START: WARNING RECORDER
 // Collects the TORCH_WARNs raised on this thread while it is entered. The fallback needs them: a kernel
 // run at the call must warn the caller as the CPU operator would (flush hands them to the handler that
@@ -85,6 +99,10 @@ void bind_kernel_scope(py::module& m) {
       .def("__exit__", [](WarningRecorder& self, const py::args&) { self.exit(); })
       .def("flush", &WarningRecorder::flush, "hand the warnings to the handler that was current (after exit)")
       .def_property_readonly("count", &WarningRecorder::count);
+  py::class_<Unrecorded>(m, "_Unrecorded", "operators run inside are not listed by profilers (a context manager)")
+      .def(py::init<>())
+      .def("__enter__", [](Unrecorded& self) { self.enter(); })
+      .def("__exit__", [](Unrecorded& self, const py::args&) { self.exit(); });
   py::class_<KernelScope>(m, "_KernelScope", "the thread-local state queued kernels run in (a context manager)")
       .def(py::init<>())
       .def("__enter__", [](KernelScope& self) { self.enter(); })

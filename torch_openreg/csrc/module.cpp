@@ -1,5 +1,12 @@
-// torch_openreg._C: loading it registers the guard, hooks, allocators and the
-// minimal operators; it also exposes the two helpers the Python kernels need.
+// torch_openreg._C: loading it registers the guard, the device and pinned-host allocators, the
+// minimal operators, serialization's backend metadata, the graph implementation and the Kineto
+// profiler (static initializers in their files), and the hooks (below). The functions it binds are the
+// Python side's ways into C++: host views of device memory and their kin (this file), the fallback's
+// accelerations (call_args.cpp, cpu_outputs.cpp), the kernel scope and warning recorder
+// (kernel_scope.cpp), the profiler's correlation ids and registration check (profiler.cpp) and the c10d
+// backend (distributed/). Loading it changes nothing else in the process: the CPU allocator of
+// cpu_outputs.cpp is installed by a call (_install_cpu_output_allocator), made by the accelerations when
+// the first kernel that needs it is built (never with OPENREG_FALLBACK_FAST=0).
 #include <ATen/ops/empty_strided.h>
 #include <ATen/ops/from_blob.h>
 #include <torch/csrc/utils/pybind.h>
@@ -16,7 +23,8 @@ py::object describe_call(const py::tuple& args, const py::dict& kwargs, bool num
 py::tuple empty_like_meta(const at::Tensor& meta, c10::DeviceIndex index);
 std::vector<std::vector<uintptr_t>> set_cpu_output_targets(const std::vector<at::Tensor>& tensors,
                                                            const std::vector<int64_t>& skips);
-void install_cpu_output_allocator();
+bool install_cpu_output_allocator();
+bool cpu_output_allocator_installed();
 size_t cpu_outputs_held();
 void bind_kernel_scope(py::module& m);
 void bind_distributed(py::module& m);
@@ -60,6 +68,20 @@ at::Tensor cpu_alias(const at::Tensor& t) {
 }
 // LITERALINCLUDE END: CPU ALIAS
 
+// LITERALINCLUDE START: EXTENTS
+// (storage base, storage bytes) of each openreg tensor: what a launch names, so that the runtime opens
+// exactly those pages while the kernel runs. CPU scalars and indices are host memory: skipped.
+py::list extents(const std::vector<at::Tensor>& tensors) {
+  py::list out;
+  for (const auto& t : tensors) {
+    if (!t.defined() || !t.device().is_privateuseone()) continue;
+    const auto& storage = t.storage();
+    out.append(py::make_tuple(reinterpret_cast<uintptr_t>(storage.data()), storage.nbytes()));
+  }
+  return out;
+}
+// LITERALINCLUDE END: EXTENTS
+
 namespace {
 void close_ipc(void* base) { call_quietly("ipc_close", reinterpret_cast<uintptr_t>(base)); }
 } // namespace
@@ -85,7 +107,6 @@ at::Tensor ipc_tensor(uintptr_t data, int64_t nbytes, c10::DeviceIndex index, ui
 PYBIND11_MODULE(_C, m) {
   openreg::register_hooks();
   openreg::register_serialization();
-  openreg::install_cpu_output_allocator();
   m.def("_host_view", &openreg::host_view, "CPU tensor aliasing an openreg tensor's device memory");
   m.def("_cpu_alias", &openreg::cpu_alias, "CPU tensor sharing a CPU tensor's storage, without its autograd state");
   m.def("_cpu_generator", &openreg::cpu_generator, "the CPU generator an openreg generator forwards to");
@@ -94,29 +115,21 @@ PYBIND11_MODULE(_C, m) {
   m.def("_ipc_tensor", &openreg::ipc_tensor, "uint8 openreg tensor over memory mapped from another process");
   m.def("_storage_base", [](const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.storage().data()); },
         "device pointer of a tensor's storage (to locate a host view's offset in it)");
-  // LITERALINCLUDE START: EXTENTS
-  m.def(
-      "_extents",
-      [](const std::vector<at::Tensor>& tensors) {
-        py::list out;
-        for (const auto& t : tensors) {
-          if (!t.defined() || !t.device().is_privateuseone()) continue; // CPU scalars and indices: host memory
-          const auto& storage = t.storage();
-          out.append(py::make_tuple(reinterpret_cast<uintptr_t>(storage.data()), storage.nbytes()));
-        }
-        return out;
-      },
-      "(storage base, storage bytes) of each openreg tensor: the extents a launch names");
-  // LITERALINCLUDE END: EXTENTS
+  m.def("_extents", &openreg::extents, "(storage base, storage bytes) of each openreg tensor: what a launch names");
   m.def("_describe_call", &openreg::describe_call,
-        "[key, host args, host kwargs, extents] of an operator call, or None (the fallback's fast path); "
-        "placed: the key has each tensor's storage offset and size",
+        "[call shape, host args, host kwargs, extents] of an operator call, or None (the call plans); "
+        "placed: the call shape has each tensor's storage offset and size",
         py::arg("args"), py::arg("kwargs"), py::arg("numbers_by_type"), py::arg("placed") = true);
   m.def("_empty_like_meta", &openreg::empty_like_meta, "(openreg tensor shaped like a meta tensor, host view, extent)");
   m.def("_set_cpu_output_targets", &openreg::set_cpu_output_targets,
         "serve this thread's next CPU allocations of these tensors' sizes from their memory, after letting "
         "skips[i] through ([] stops it); returns the previous targets' allocations of their sizes");
   m.def("_cpu_outputs_held", &openreg::cpu_outputs_held, "buffers served to this thread's CPU kernels still held");
+  m.def("_install_cpu_output_allocator", &openreg::install_cpu_output_allocator,
+        "put the CPU allocator that serves functional kernels' outputs in front of PyTorch's, process-wide "
+        "(idempotent; True the first time)");
+  m.def("_cpu_output_allocator_installed", &openreg::cpu_output_allocator_installed,
+        "whether the CPU allocator of _install_cpu_output_allocator is PyTorch's CPU allocator");
   openreg::bind_kernel_scope(m);
   openreg::bind_distributed(m);
   openreg::bind_profiler(m);

@@ -10,9 +10,6 @@ from __future__ import annotations
 import atexit
 import os
 import sys
-import threading
-import traceback
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -80,6 +77,18 @@ from .random import (
     set_rng_state,
     set_rng_state_all,
 )
+from .state import (  # noqa: F401  (torch.openreg._lazy_init and friends, as torch.cuda has them)
+    SUPPORTED_DTYPES,
+    DeferredOpenRegCallError,
+    _index,
+    _is_in_bad_fork,
+    _lazy_call,
+    _lazy_init,
+    _queued_calls,
+    current_device,
+    init,
+    is_initialized,
+)
 from .streams import (
     Event,
     ExternalStream,
@@ -131,80 +140,6 @@ __all__ = [
     "use_mem_pool",
 ]
 
-class DeferredOpenRegCallError(RuntimeError):
-    """A call queued before initialization (``_lazy_call``) failed when initialization ran it
-    (``torch.cuda.DeferredCudaCallError``); the message has the stack that queued it."""
-
-
-_initialized = False
-_in_bad_fork = False
-_init_lock = threading.RLock()  # re-entrant: a queued call may queue or initialize again
-_queued_calls: list[tuple[Callable[[], None], list[str], str | None]] = []
-
-
-# LITERALINCLUDE START: LAZY INIT
-def is_initialized() -> bool:
-    """Whether the device runtime has been initialized in this process."""
-    return _initialized and not _in_bad_fork
-
-
-def _is_in_bad_fork() -> bool:
-    return _in_bad_fork or _rt.device.forked()
-
-
-def _lazy_call(fn: Callable[[], None], rng: str | None = None) -> None:
-    """Run ``fn`` now if initialized, else when initialization happens, in the order of the calls.
-
-    ``rng`` tags random-state calls (``"one"`` device or ``"all"``): a queued ``"all"`` call replaces
-    every random-state call queued before it, which it would overwrite anyway.
-    """
-    with _init_lock:
-        if not is_initialized():
-            if rng == "all":
-                _queued_calls[:] = [call for call in _queued_calls if call[2] is None]
-            _queued_calls.append((fn, traceback.format_stack(), rng))
-            return
-    fn()
-
-
-def _lazy_init() -> None:
-    global _initialized
-    if is_initialized():
-        return
-    with _init_lock:
-        if is_initialized():
-            return
-        if _is_in_bad_fork():
-            raise RuntimeError(
-                "Cannot re-initialize OpenReg in forked subprocess. To use OpenReg with "
-                "multiprocessing, you must use the 'spawn' start method"
-            )
-        _rt.fault.install()
-        _initialized = True
-        for fn, stack, _ in _queued_calls:
-            try:
-                fn()
-            except Exception as exc:
-                raise DeferredOpenRegCallError(f"OpenReg call failed lazily at initialization: {exc}\nQueued "
-                                               "at:\n" + "".join(stack)) from exc
-        _queued_calls.clear()
-
-
-def init() -> None:
-    """Initialize the device now rather than on first use."""
-    _lazy_init()
-
-
-def _after_fork_in_child() -> None:
-    global _initialized, _in_bad_fork
-    if _initialized:
-        _in_bad_fork = True
-    _initialized = False
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
-# LITERALINCLUDE END: LAZY INIT
-
 
 # LITERALINCLUDE START: DRAIN AT EXIT
 _pid = os.getpid()
@@ -237,24 +172,6 @@ def is_available() -> bool:
 def device_count() -> int:
     """Number of openreg devices."""
     return _rt.device_count()
-
-
-def _index(device: Any) -> int:
-    """Turn ``None``/int/str/torch.device into a device index, checking it is openreg."""
-    if device is None:
-        return current_device()
-    if isinstance(device, int):
-        return device
-    device = torch.device(device)
-    if device.type != "openreg":
-        raise ValueError(f"expected an openreg device, got {device}")
-    return current_device() if device.index is None else device.index
-
-
-def current_device() -> int:
-    """Index of the calling thread's current device."""
-    _lazy_init()
-    return _rt.get_device()
 
 
 def set_device(device: Any) -> None:
@@ -304,20 +221,6 @@ def get_device_capability(device: Any = None) -> tuple[int, int]:
     """``(major, minor)`` of a device."""
     props = get_device_properties(device)
     return props.major, props.minor
-
-
-# LITERALINCLUDE START: SUPPORTED DTYPES
-# What torch.accelerator.get_device_capability reports: the dtypes an openreg tensor holds and converts
-# to and from (its kernels are the CPU's); the quantized ones come from quantize_per_tensor. Left out:
-# quint4x2/quint2x4 (openreg cannot quantize to them) and the sub-byte bits*/intN/uintN/float4 dtypes,
-# for which the CPU has no copy kernel either.
-SUPPORTED_DTYPES = [
-    torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.uint16, torch.uint32,
-    torch.uint64, torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.complex32, torch.complex64,
-    torch.complex128, torch.float8_e5m2, torch.float8_e4m3fn, torch.float8_e5m2fnuz, torch.float8_e4m3fnuz,
-    torch.float8_e8m0fnu, torch.qint8, torch.quint8, torch.qint32,
-]
-# LITERALINCLUDE END: SUPPORTED DTYPES
 
 
 def get_amp_supported_dtype() -> list[torch.dtype]:

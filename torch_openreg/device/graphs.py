@@ -30,6 +30,8 @@ import torch
 import openreg
 from torch_openreg.memory import allocator
 
+from .state import _index, _lazy_init, current_device, is_initialized
+
 _pool_ids = itertools.count(1)
 # at::GraphCaptureMode: Default (0, which is "global" for openreg, CUDA's default), Global, ThreadLocal, Relaxed
 _MODES = {0: "global", 1: "global", 2: "thread_local", 3: "relaxed"}
@@ -192,8 +194,6 @@ class graph:  # noqa: N801 - torch.cuda.graph's name
     def __init__(self, openreg_graph: torch.accelerator.Graph, pool: tuple[int, int] | None = None,
                  stream: torch.Stream | None = None, capture_error_mode: str = "global") -> None:
         if stream is None:
-            from . import current_device
-
             device = current_device()
             stream = graph._side_streams.get(device)
             if stream is None:
@@ -229,8 +229,6 @@ class graph:  # noqa: N801 - torch.cuda.graph's name
 
 def is_current_stream_capturing() -> bool:
     """Whether a graph capture is underway on the current stream of the current device (False before init)."""
-    from . import is_initialized
-
     if not is_initialized():
         return False
     return openreg.is_capturing(openreg.current_stream())
@@ -250,8 +248,6 @@ class MemPool:
         if allocator is not None:
             raise NotImplementedError("openreg has no pluggable allocators: a MemPool uses the caching allocator "
                                       "(allocator=None)")
-        from . import current_device
-
         self._id, self.device = graph_pool_handle(), current_device()
         _allocator(self.device).use_pool(self._id, use_on_oom=bool(use_on_oom), no_split=bool(no_split))
         weakref.finalize(self, _allocator(self.device).release_pool, self._id)
@@ -279,8 +275,6 @@ class MemPool:
 @contextlib.contextmanager
 def use_mem_pool(pool: MemPool, device: Any = None) -> Iterator[None]:
     """Route this thread's allocations on ``device`` (default: current) to ``pool`` (``torch.cuda.use_mem_pool``)."""
-    from . import _index, _lazy_init
-
     _lazy_init()
     alloc = _allocator(_index(device))
     me = threading.get_ident()

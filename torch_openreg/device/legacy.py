@@ -16,6 +16,8 @@ import torch
 from torch._utils import classproperty
 from torch.storage import _LegacyStorage, _warn_typed_storage_removal
 
+from .state import _index, _lazy_init
+
 # LITERALINCLUDE START: LEGACY TENSOR TYPES
 _TENSOR_DTYPES = {
     "DoubleTensor": torch.float64, "FloatTensor": torch.float32, "HalfTensor": torch.float16,
@@ -38,8 +40,6 @@ class _LegacyTensorType(type):
 
     def __call__(cls, *args: Any, device: Any = None) -> torch.Tensor:
         """The legacy constructor: sizes (uninitialized), a sequence (its values), a storage or nothing."""
-        from . import _index, _lazy_init
-
         _lazy_init()
         prototype = torch.empty(0, dtype=cls.dtype, device=torch.device("openreg", _index(device)))
         return prototype.new(*args)

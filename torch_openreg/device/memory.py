@@ -23,10 +23,10 @@ from torch_openreg.memory import allocator, format_size, host_allocator
 from torch_openreg.memory.history import History
 from torch_openreg.memory.pluggable import PluggableAllocator
 
+from .state import _index, _lazy_init
+
 
 def _device(device: Any) -> int:
-    from . import _index, _lazy_init
-
     _lazy_init()
     return _index(device)
 
@@ -101,8 +101,6 @@ def get_per_process_memory_fraction(device: Any = None) -> float:
 
 def memory_snapshot() -> list[dict]:
     """Every segment of every device with its blocks (``torch.cuda.memory_snapshot``)."""
-    import openreg
-
     return [seg for i in range(openreg.device_count()) for seg in allocator(i).snapshot()]
 
 
@@ -129,8 +127,6 @@ def _record_memory_history(enabled: str | bool | None = "all", context: str | No
     legacy.pop("global_record_annotations", None)
     if legacy:
         raise TypeError(f"_record_memory_history() got unexpected arguments {sorted(legacy)}")
-    import openreg
-
     for index in range(openreg.device_count()):
         alloc = allocator(index)
         with alloc.lock:
@@ -152,8 +148,6 @@ def _snapshot(device: Any = None, augment_with_fx_traces: bool = False) -> dict[
 
     The dictionary has CUDA's shape: ``torch.cuda._memory_viz`` and pytorch.org/memory_viz read it.
     """
-    import openreg
-
     traces = []
     for index in range(openreg.device_count()):
         history = allocator(index).history
@@ -171,8 +165,6 @@ def _dump_snapshot(filename: str = "dump_snapshot.pickle", augment_with_fx_trace
 
 def _allocation_traceback(data_ptr: int) -> list[dict[str, Any]] | None:
     """The stack that allocated the live block at ``data_ptr`` (a storage's base), or ``None``."""
-    import openreg
-
     for index in range(openreg.device_count()):
         block = allocator(index).active.get(data_ptr)
         if block is not None:

@@ -11,15 +11,15 @@ from typing import Any
 
 import openreg
 
+from . import state
+
 _IDLE_LAUNCHES = ("wait_event", "event_record")  # a stream waiting for another, an event timestamp: no work
 _COPIES = ("copy", "memcpy")
 
 
 def _index(device: Any) -> int:
-    from . import _index, _lazy_init
-
-    _lazy_init()
-    return _index(device)
+    state._lazy_init()
+    return state._index(device)
 
 
 # LITERALINCLUDE START: UTILIZATION

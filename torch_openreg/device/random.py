@@ -15,6 +15,8 @@ import torch
 import openreg as _rt
 from torch_openreg import _C
 
+from .state import _index, _lazy_call, _lazy_init
+
 
 # LITERALINCLUDE START: RANDOM STATE
 class _DefaultGenerators(tuple):
@@ -26,8 +28,6 @@ default_generators = _DefaultGenerators(_C._default_generator(i) for i in range(
 
 def _device_index(device: Any) -> int:
     """The index ``device`` names, without initializing (``"openreg"``: the calling thread's current device)."""
-    from . import _index
-
     if isinstance(device, str):
         device = torch.device(device)
     if isinstance(device, torch.device) and device.type == "openreg" and device.index is None:
@@ -44,15 +44,11 @@ def _queue(fn, *, seed_all: bool = False) -> None:
     A queued call that seeds every device supersedes the state calls queued before it, so seeding in
     a loop before initialization does not grow the queue (CUDA keeps only the last seed for that).
     """
-    from . import _lazy_call
-
     _lazy_call(fn, rng="all" if seed_all else "one")
 
 
 def get_rng_state(device: Any = "openreg") -> torch.Tensor:
     """The RNG state of a device as a CPU ByteTensor (initializes the device, applying queued seeds)."""
-    from . import _lazy_init
-
     _lazy_init()
     return default_generators[_device_index(device)].get_state()
 
@@ -111,8 +107,6 @@ def seed_all() -> None:
 
 def initial_seed() -> int:
     """The current device's seed (initializes the device, applying queued seeds)."""
-    from . import _lazy_init
-
     _lazy_init()
     return default_generators[_device_index(None)].initial_seed()
 # LITERALINCLUDE END: RANDOM STATE
@@ -120,15 +114,11 @@ def initial_seed() -> int:
 
 def _get_rng_state_offset(device: Any = "openreg") -> int:
     """CUDA's Philox offset: openreg's generator has none, and says so (``Generator.get_offset``)."""
-    from . import _lazy_init
-
     _lazy_init()
     return default_generators[_device_index(device)].get_offset()
 
 
 def _set_rng_state_offset(offset: int, device: Any = "openreg") -> None:
     """CUDA's Philox offset: openreg's generator has none, and says so (``Generator.set_offset``)."""
-    from . import _lazy_init
-
     _lazy_init()
     default_generators[_device_index(device)].set_offset(offset)

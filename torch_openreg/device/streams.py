@@ -10,6 +10,10 @@ from typing import Any
 
 import torch
 
+import openreg
+
+from .state import _index, _lazy_init
+
 
 # LITERALINCLUDE START: STREAM CLASSES
 class _OpenRegType(type):
@@ -30,8 +34,6 @@ class Stream(metaclass=_OpenRegType):
     _base = torch.Stream
 
     def __new__(cls, device: Any = None, priority: int = 0) -> torch.Stream:
-        from . import _index, _lazy_init
-
         _lazy_init()
         return torch.Stream(device=torch.device("openreg", _index(device)), priority=priority)
 
@@ -49,8 +51,6 @@ class Event(metaclass=_OpenRegType):
 # LITERALINCLUDE START: CURRENT STREAM
 def current_stream(device: Any = None) -> torch.Stream:
     """The calling thread's current stream on a device."""
-    from . import _index, _lazy_init
-
     _lazy_init()
     return torch._C._accelerator_getStream(_index(device))
 
@@ -96,10 +96,6 @@ def ExternalStream(stream_id: int, device: Any = None) -> torch.Stream:  # noqa:
     Like ``torch.cuda.ExternalStream``, PyTorch does not own it: the runtime stream object must stay
     alive while PyTorch uses it.
     """
-    import openreg
-
-    from . import _index
-
     index = _index(device)
     openreg.get_stream(index, stream_id)  # raises INVALID_HANDLE for an unknown stream
     return torch.Stream(stream_id=stream_id, device_index=index, device_type=current_stream(index).device_type)

@@ -27,7 +27,8 @@ from datetime import timedelta
 import torch
 
 import openreg
-from openreg.stream import LAUNCH_BLOCKING
+from openreg.settings import LAUNCH_BLOCKING
+from torch_openreg import _C
 from torch_openreg.aten.launch import detach_frames, host_views, launch
 from torch_openreg.timing import costs as timing_costs
 
@@ -761,8 +762,6 @@ def _drain(handles: list) -> None:
 # LITERALINCLUDE START: OCCL CREATE
 def create(options, backend_options=None):
     """The creator ``Backend.register_backend`` calls (extended API): a C++ Backend over :class:`OCCL`."""
-    from torch_openreg import _C
-
     timeout = options.timeout if isinstance(options.timeout, timedelta) else timedelta(seconds=options.timeout)
     impl = OCCL(options.store, options.group_rank, options.group_size, timeout, options.group_id)
     return _C._occl_backend(impl, options.group_rank, options.group_size, int(timeout.total_seconds() * 1000))

@@ -10,7 +10,6 @@ A collective that fails reports like any kernel: at the next synchronizing call,
 
 from __future__ import annotations
 
-import os
 import time
 
 import torch
@@ -19,7 +18,7 @@ import openreg
 
 from .streams import GroupStream
 
-BLOCKING_WAIT = os.environ.get("OCCL_BLOCKING_WAIT", "0") not in ("", "0")
+BLOCKING_WAIT = openreg.settings.OCCL_BLOCKING_WAIT
 
 
 class Work:

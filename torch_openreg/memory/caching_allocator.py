@@ -488,24 +488,6 @@ class DeviceCachingAllocator:
             self._record_segment("segment_alloc", head, size)
         return head
 
-    # LITERALINCLUDE START: RELEASE UNFIT
-    def _release_unfit(self, stream: openreg.Stream, size: int) -> None:
-        """Before growing the large pool by ``size``, give back wholly free large segments of this
-        stream that are too small for the request, up to ``size`` bytes.
-
-        They could not serve it, and keeping them while adding a segment is what makes peak reserved
-        memory outgrow peak allocated memory (training steps alternate between activation sizes). A
-        driver call costs microseconds, so returning them early is cheap.
-        """
-        freed = 0
-        for key in list(self.free_lists[LARGE].get(stream, ())):
-            head = self.free_blocks[key & PTR_MASK]
-            if freed >= size:
-                break
-            if head.prev is None and head.next is None and head.ptr in self.segments:
-                self._release_segment(head)
-                freed += head.size
-    # LITERALINCLUDE END: RELEASE UNFIT
 
     def _driver_malloc(self, size: int) -> int:
         if self.fraction is not None:
@@ -544,6 +526,24 @@ class DeviceCachingAllocator:
         return message
     # LITERALINCLUDE END: CACHING OOM
 
+    # LITERALINCLUDE START: RELEASE UNFIT
+    def _release_unfit(self, stream: openreg.Stream, size: int) -> None:
+        """Before growing the large pool by ``size``, give back wholly free large segments of this
+        stream that are too small for the request, up to ``size`` bytes.
+
+        They could not serve it, and keeping them while adding a segment is what makes peak reserved
+        memory outgrow peak allocated memory (training steps alternate between activation sizes). A
+        driver call costs microseconds, so returning them early is cheap.
+        """
+        freed = 0
+        for key in list(self.free_lists[LARGE].get(stream, ())):
+            head = self.free_blocks[key & PTR_MASK]
+            if freed >= size:
+                break
+            if head.prev is None and head.next is None and head.ptr in self.segments:
+                self._release_segment(head)
+                freed += head.size
+    # LITERALINCLUDE END: RELEASE UNFIT
     # -- introspection ----------------------------------------------------------------------------
     def snapshot(self) -> list[dict]:
         """Segments and their blocks, shaped like ``torch.cuda.memory_snapshot()``."""

@@ -22,6 +22,7 @@ import time
 from collections.abc import Iterator
 
 import openreg
+from torch_openreg._C import _profiler_correlation as _correlation  # a bare name: the hook runs at every launch
 
 _PACKAGES = tuple(
     os.path.dirname(os.path.abspath(m.__file__)) + os.sep
@@ -67,16 +68,8 @@ def _hook(name: str, device: int, stream: int) -> Launch:
 
 
 _tracing = False
-_sites = os.environ.get("OPENREG_LAUNCH_SITES", "0") not in ("", "0")
+_sites = openreg.settings.LAUNCH_SITES
 _lock = threading.Lock()
-
-
-def _correlation() -> tuple[int, tuple[int, ...]]:
-    from torch_openreg import _C
-
-    global _correlation
-    _correlation = _C._profiler_correlation  # bound once: the hook runs at every launch
-    return _correlation()
 
 
 def _update() -> None:

@@ -7,6 +7,7 @@ report (only while a profiler records memory on that thread) and asks these for 
 
 from __future__ import annotations
 
+from torch_openreg import _runtime
 from torch_openreg.memory import owner
 
 
@@ -23,8 +24,6 @@ def free(ptr: int) -> tuple[int, int, int, int] | None:
         alloc = owner(ptr)
         size = alloc.active[ptr].size
     except Exception:  # noqa: BLE001 - not a block of the caching allocator: free it the ordinary way
-        from torch_openreg import _runtime
-
         _runtime.free(ptr)
         return None
     alloc.free(ptr)

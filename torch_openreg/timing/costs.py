@@ -68,15 +68,17 @@ def kind_of(op: torch._ops.OpOverload) -> str:
     return "elementwise"
 
 
+# Whether float32 matrix products compute in TF32: kept by ``torch.backends.openreg.matmul`` (backends.py,
+# above this module, which sets it with the flag).
+tf32 = False
+
+
 def dtype_name(dtype: torch.dtype, kind: str) -> str:
     """The model's name for the type a kernel computes in (float32 matrix products are TF32 when
     ``torch.backends.openreg.matmul.allow_tf32`` is on)."""
     name = _DTYPES.get(dtype, "float32")
-    if name == "float32" and kind == "matrix":
-        from torch_openreg.backends import matmul
-
-        if matmul.allow_tf32:
-            return "tfloat32"
+    if name == "float32" and kind == "matrix" and tf32:
+        return "tfloat32"
     return name
 
 

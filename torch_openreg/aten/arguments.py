@@ -1,0 +1,198 @@
+"""A call's arguments as the fallback handles them: its device, its call shape, and their forms for the
+meta run and for the CPU kernel (host views of device memory).
+
+The mechanism (``fallback.py``) takes each of these steps in turn; ``traits.py`` says what the operator's
+schema tells about the arguments.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+import openreg
+from torch_openreg import _C
+
+from .launch import host_view
+from .traits import CPU_INDICES_OK, OpTraits
+
+NUMBERS = (bool, int, float, complex)
+
+
+# LITERALINCLUDE START: DEVICE CHECK
+def device_of(traits: OpTraits, tensors: list[torch.Tensor], kwargs: dict) -> torch.device:
+    """The one openreg device of the call; mixed devices are the user's error, reported like CUDA's.
+
+    ``get_device()`` is the cheap test (openreg is this process's only accelerator): it is -1 for
+    CPU and meta tensors and the index for openreg ones.
+    """
+    index = -1
+    for name in traits.out_args:  # an out= tensor is written by the kernel: a CPU one is never a scalar operand
+        for t in tensors_of((kwargs.get(name),), {}):
+            if t.get_device() < 0:
+                raise RuntimeError(f"Expected all tensors to be on the same device, but the out= tensor '{name}' "
+                                   f"of {traits.name} is on {t.device} while its inputs are on openreg")
+    for t in tensors:
+        i = t.get_device()
+        if i >= 0:
+            if index < 0:
+                index = i
+            elif i != index:
+                raise RuntimeError(
+                    f"Expected all tensors to be on the same device, but found at least two devices, "
+                    f"openreg:{index} and openreg:{i}! (in {traits.name})"
+                )
+        elif not (t.is_cpu and (t.dim() == 0 or traits.name in CPU_INDICES_OK)):
+            raise RuntimeError(
+                f"Expected all tensors to be on the same device, but found at least two devices, "
+                f"{'openreg' if index < 0 else f'openreg:{index}'} and {t.device}! "
+                f"(in {traits.name}; only 0-dim CPU tensors mix with openreg)"
+            )
+    if index >= 0:
+        return _DEVICES[index]
+    requested = kwargs.get("device")
+    if requested is None:
+        raise RuntimeError(f"{traits.name}: no openreg tensor or device in the call")
+    device = torch.device(requested)
+    return torch.device("openreg", torch.openreg.current_device()) if device.index is None else device
+
+
+_DEVICES = [torch.device("openreg", i) for i in range(openreg.device_count())]
+# LITERALINCLUDE END: DEVICE CHECK
+
+
+# LITERALINCLUDE START: CALL KEY
+def call_key(args: tuple, kwargs: dict, numbers_by_type: bool = False, placed: bool = True) -> tuple | None:
+    """The call shape: everything output metadata and the CPU kernel's checks depend on, one flat tuple.
+
+    An openreg tensor is ``(device index, dtype, conj | neg << 1, storage offset, storage bytes,
+    *sizes, *strides)``, the offset and bytes 0 unless ``placed`` (``OpTraits.placed``: only views and
+    written arguments depend on them); a CPU tensor ``(-1, dtype, *sizes, *strides)``; a number ``(type, value)``
+    (2, 2.0 and True are equal but promote differently; by type alone for ``numbers_by_type``); a list
+    the tuple of its items' keys; a keyword argument ``(name, key)``; anything else itself. None when
+    the call cannot be keyed: an argument cannot be hashed, or a CPU boolean mask (the meta run reads
+    it: its count of True values is the output's length). ``csrc/call_args.cpp`` computes the same key.
+    """
+    try:
+        key = (*(_key(a, numbers_by_type, placed) for a in args),
+               *((k, _key(v, numbers_by_type, placed)) for k, v in kwargs.items()))
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
+def _key(value: Any, by_type: bool, placed: bool) -> Any:
+    if isinstance(value, torch.Tensor):
+        index = value.get_device()
+        if index >= 0:
+            where = (value.storage_offset(), value.untyped_storage().nbytes()) if placed else (0, 0)
+            return (index, value.dtype, value.is_conj() | value.is_neg() << 1, *where, *value.shape, *value.stride())
+        if value.dim() and value.dtype in (torch.bool, torch.uint8):
+            raise TypeError("a CPU mask: its values shape the outputs")
+        return (-1, value.dtype, *value.shape, *value.stride())
+    if isinstance(value, (list, tuple)):
+        return tuple(_key(v, by_type, placed) for v in value)
+    if isinstance(value, NUMBERS):
+        return type(value) if by_type else (type(value), value)
+    return None if isinstance(value, torch.Generator) else value
+# LITERALINCLUDE END: CALL KEY
+
+
+def tensors_of(args: tuple, kwargs: dict) -> list[torch.Tensor]:
+    """Every tensor among the arguments, alone or in lists."""
+    found = []
+    for value in (*args, *kwargs.values()):
+        if isinstance(value, torch.Tensor):
+            found.append(value)
+        elif isinstance(value, (list, tuple)):
+            found.extend(v for v in value if isinstance(v, torch.Tensor))
+    return found
+
+
+def map_tensors(value: Any, fn) -> Any:
+    """Apply ``fn`` to every tensor in an argument (tensors and lists of tensors)."""
+    if isinstance(value, torch.Tensor):
+        return fn(value)
+    if isinstance(value, (list, tuple)) and any(isinstance(v, torch.Tensor) for v in value):
+        return type(value)(fn(v) if isinstance(v, torch.Tensor) else v for v in value)
+    return value
+
+
+# LITERALINCLUDE START: WRAP NUMBERS
+_WIDE = {bool: torch.bool, int: torch.int64, float: torch.float64, complex: torch.complex128}
+
+
+def wrap_numbers(traits: OpTraits, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """Turn Python numbers passed for ``Tensor`` arguments back into 0-dim CPU tensors.
+
+    ``t % 2`` reaches the fallback as ``remainder.Tensor_out(t, 2)``: PyTorch hands a boxed kernel
+    a wrapped-number tensor as a plain number, and most operators refuse a number when called
+    again. The tensor gets the dtype the number takes in the operation, so promotion is unchanged.
+    """
+    numbers = [i for i in traits.tensor_args if isinstance(traits.value(args, kwargs, i), NUMBERS)]
+    if not numbers:
+        return args, kwargs
+    ref = next(iter(tensors_of(args, kwargs)), None)
+    args, kwargs = list(args), dict(kwargs)
+    for i in numbers:
+        value = traits.value(args, kwargs, i)
+        # Kept at full width, as a wrapped number is: kernels read a CPU scalar operand in their
+        # computation type (float for bfloat16), so rounding it to the tensor's dtype first would
+        # change results (bfloat16 x * 0.7071). Cast only where a full-width 0-dim tensor would
+        # promote differently from a number (an integer tensor times 2.5 is float32, not float64).
+        wrapped = torch.tensor(value, dtype=_WIDE[type(value)])
+        if ref is not None:
+            want = torch.result_type(ref, value)
+            if torch.result_type(ref, wrapped) != want:
+                wrapped = wrapped.to(want)
+        if i < len(args):
+            args[i] = wrapped
+        else:
+            kwargs[traits.arguments[i].name] = wrapped
+    return tuple(args), kwargs
+# LITERALINCLUDE END: WRAP NUMBERS
+
+
+# LITERALINCLUDE START: SWAP ARGUMENTS
+def swap(traits: OpTraits, args: tuple, kwargs: dict, device: torch.device, tensor_fn, target: str) -> tuple:
+    """Arguments for a run on ``target`` ('meta' or 'cpu'): tensors mapped by ``tensor_fn``, a ``device``
+    argument replaced, generators replaced by the openreg device generator's CPU state (random ops draw
+    from the device's generator, never the CPU's default one) or, on meta, by None."""
+    args = [map_tensors(a, tensor_fn) for a in args]
+    kwargs = {k: map_tensors(v, tensor_fn) for k, v in kwargs.items()}
+    if kwargs.get("device") is not None:
+        kwargs["device"] = torch.device(target)
+    for name in traits.generators:
+        index = traits.positions[name]
+        gen = None
+        if target == "cpu":
+            given = traits.value(args, kwargs, index)
+            gen = _C._cpu_generator(given if given is not None else _C._default_generator(device.index))
+        if index < len(args):
+            args[index] = gen
+        else:
+            kwargs[name] = gen
+    return tuple(args), kwargs
+
+
+def host_view_or_self(t: torch.Tensor) -> torch.Tensor:
+    """For a kernel run now: the host view of an openreg tensor; a CPU tensor as it is."""
+    return host_view(t) if t.get_device() >= 0 else t
+
+
+def host_view_or_snapshot(t: torch.Tensor) -> torch.Tensor:
+    """For a queued kernel: CPU scalars and indices are read now, as CUDA copies them at the call."""
+    return host_view(t) if t.get_device() >= 0 else t.clone()
+
+
+def to_meta(t: torch.Tensor) -> torch.Tensor:
+    """A meta tensor with an openreg tensor's sizes, strides, offset and storage size."""
+    if t.get_device() < 0:
+        # A 0-dim CPU tensor is a scalar operand: on meta it promotes the same way, and meta kernels
+        # refuse to mix it with meta outputs (mul.out(cpu_scalar, x, out=y) would fail and run now).
+        return torch.empty((), dtype=t.dtype, device="meta") if t.dim() == 0 else t
+    numel = t.untyped_storage().nbytes() // t.element_size()
+    return torch.empty(numel, dtype=t.dtype, device="meta").as_strided(t.size(), t.stride(), t.storage_offset())
+# LITERALINCLUDE END: SWAP ARGUMENTS

@@ -1,0 +1,58 @@
+"""Where a meta kernel describes other outputs than the CPU kernel gives, by a rule: the meta run corrected.
+
+PyTorch's meta kernels follow CUDA. For the operators listed in ``traits.CPU_STATISTICS`` and
+``traits.CPU_LAYOUT`` the CPU kernel shapes some outputs its own way; the fallback allocates the
+outputs the CPU kernel will produce, so those operators stay queued.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .traits import OpTraits
+
+
+def correct(traits: OpTraits, args: tuple, kwargs: dict, meta: Any) -> Any:
+    """The meta run's outputs as the CPU kernel gives them."""
+    if traits.cpu_statistics:
+        return cpu_statistics(traits, args, kwargs, meta)
+    if traits.cpu_layout:
+        return cpu_layout(args, meta)
+    return meta
+
+
+# LITERALINCLUDE START: CPU STATISTICS
+_REDUCED = (torch.bfloat16, torch.float16)
+
+
+def cpu_statistics(traits: OpTraits, args: tuple, kwargs: dict, meta: tuple) -> tuple:
+    """The outputs of a CPU batch or layer norm: the meta kernel describes CUDA's statistics.
+
+    The CPU kernels keep statistics in the parameters' type: float32 only for a reduced-precision
+    input with float32 weights or running statistics (a "mixed" call), else the input's dtype; and a
+    batch norm that is not training returns empty statistics.
+    """
+    x, *params = [v for a in (*args, *kwargs.values()) for v in (a if isinstance(a, (list, tuple)) else (a,))
+                  if isinstance(v, torch.Tensor)]
+    mixed = x.dtype in _REDUCED and any(p.dtype == torch.float32 for p in params)
+    dtype = torch.float32 if mixed else x.dtype
+    training = traits.value(args, kwargs, traits.positions["training"]) if "training" in traits.positions else True
+    stats = [torch.empty(m.shape if training else (0,), dtype=dtype, device="meta") for m in meta[1:3]]
+    return (meta[0], *stats, *meta[3:])
+
+
+def cpu_layout(args: tuple, meta: torch.Tensor) -> torch.Tensor:
+    """A convolution's output in the memory format the CPU would give it: PyTorch's own choice of
+    convolution backend and of its memory format, asked for CPU stand-ins of the input and weight
+    (allocated, never touched; once per call shape with the accelerations on, as the meta run is memoized)."""
+    input, weight, _, *rest = args
+    stand_ins = [torch.empty_strided(t.shape, t.stride(), dtype=t.dtype) for t in (input, weight)]
+    try:
+        backend = torch._C._select_conv_backend(*stand_ins, None, *rest)
+        layout = torch._C._conv_determine_backend_memory_format(*stand_ins, backend)
+    except RuntimeError:  # arguments the CPU's selection refuses: the meta kernel's layout stands
+        return meta
+    return meta.contiguous(memory_format=layout)
+# LITERALINCLUDE END: CPU STATISTICS

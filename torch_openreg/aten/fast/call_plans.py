@@ -1,0 +1,229 @@
+"""Call plans: a call of a call shape that ran before runs what was worked out for it. Saves the general path.
+
+Everything the fallback works out for a call (the outputs' metadata, the kernel, whether a loss needs
+scratch space, the tensors Python numbers in ``Tensor`` positions become) depends only on its call
+shape, and a training loop repeats the same calls every step. For an operator that writes through
+an ``out=`` kernel or returns only fresh tensors, the first clean call of a shape leaves a plan
+under its call shape. The next call with that shape is described in one call into the bridge
+(``csrc/call_args.cpp``: the call shape, host views, CPU scalars read at the call, the extents a
+launch names) and runs the plan: no meta run, no walk over the arguments in Python.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from torch_openreg import _C
+
+from ..arguments import tensors_of
+from ..fallback import UNKNOWN, Call, host_args, launch_copy, match, pack, pairs, write_set
+from ..launch import detach_frames, launch_extents
+from ..traits import Kind, OpTraits, traits_of
+from .out_overloads import FunctionalOutKernel, OutKernel, out_overload, reduces
+from .served_outputs import ServedKernel, call_shape, install_allocator, served_kernel
+
+_NUMBERS = (bool, int, float, complex)
+
+
+# LITERALINCLUDE START: PLANS
+class Plan:
+    """How calls of one call shape run; a kind of plan per way of writing the outputs (the subclasses)."""
+
+    __slots__ = ("op", "traits", "index", "wrapped", "cacheable")
+
+    def __init__(self, call: Call, wrapped: tuple) -> None:
+        self.op, self.traits, self.index = call.op, call.traits, call.device.index
+        self.wrapped = wrapped  # (position, 0-dim tensor) of the numbers passed for Tensor arguments
+        self.cacheable = True  # whether a later call with the same call shape may run this plan as it is
+
+    def run(self, host_args, host_kwargs: dict, extents: list, args: tuple, kwargs: dict, check: bool) -> Any:
+        """Allocate the outputs, launch the kernel (at the call when ``check``), return the outputs."""
+        if self.wrapped:
+            host_args = list(host_args)
+            for i, number in self.wrapped:
+                host_args[i] = number
+        outs, kernel = self.prepare(host_args, host_kwargs, extents, args, kwargs)
+        launch_extents(self.index, kernel, extents=extents, name=self.traits.name, sync=check,
+                       writes=write_set(self.traits, args, kwargs, outs, extents=True))
+        return pack(outs)
+
+
+class ThroughOutOverload(Plan):
+    """A functional operator computed by its ``out=`` overload into fresh outputs."""
+
+    __slots__ = ("metas", "out_op", "out_names", "scratch")
+
+    def __init__(self, call: Call, wrapped: tuple, metas: list, out: tuple) -> None:
+        super().__init__(call, wrapped)
+        self.metas, (self.out_op, self.out_names) = metas, out
+        self.scratch = reduces(call.traits, metas, call.tensors)
+
+    def prepare(self, host_args, host_kwargs, extents, args, kwargs) -> tuple[list, FunctionalOutKernel]:
+        outs = []
+        for name, m in zip(self.out_names, self.metas):
+            out, host_kwargs[name], where = _C._empty_like_meta(m, self.index)
+            outs.append(out)
+            extents.append(where)
+        return outs, FunctionalOutKernel(self.traits.name, self.op, self.out_op, host_args, host_kwargs,
+                                         self.out_names, self.scratch)
+
+
+class GivenOut(Plan):
+    """An ``out=`` overload called directly (as structured in-place operators arrive): it returns its
+    ``out=`` arguments."""
+
+    __slots__ = ("scratch",)
+
+    def __init__(self, call: Call, wrapped: tuple, metas: list, out: None) -> None:
+        super().__init__(call, wrapped)
+        traits = call.traits
+        given = tensors_of(tuple(call.kwargs.get(n) for n in traits.out_args), {})
+        self.scratch = reduces(traits, given, call.tensors)
+        for ret, m in zip(traits.returns, metas):
+            for real, mm in pairs(traits.value(call.args, call.kwargs, ret.arg), m):
+                self.cacheable &= match(real, mm)  # a resize depends on more than the call shape: not remembered
+
+    def prepare(self, host_args, host_kwargs, extents, args, kwargs) -> tuple[list, OutKernel]:
+        outs = [self.traits.value(args, kwargs, ret.arg) for ret in self.traits.returns]
+        return outs, OutKernel(self.traits.name, self.op, host_args, host_kwargs, self.traits.out_args, self.scratch)
+
+
+class Served(Plan):
+    """A functional operator's own kernel, its outputs' allocations served from device memory."""
+
+    __slots__ = ("metas", "shape")
+
+    def __init__(self, call: Call, wrapped: tuple, metas: list, out: None) -> None:
+        super().__init__(call, wrapped)
+        self.metas, self.shape = metas, call_shape(call.op, call.tensors)
+        install_allocator()
+
+    def prepare(self, host_args, host_kwargs, extents, args, kwargs) -> tuple[list, ServedKernel]:
+        outs, targets = [], []
+        for i, m in enumerate(self.metas):
+            out, view, where = _C._empty_like_meta(m, self.index)
+            outs.append(out)
+            targets.append((i, view))
+            extents.append(where)
+        return outs, ServedKernel(self.op, host_args, host_kwargs, targets, len(outs), self.shape)
+# LITERALINCLUDE END: PLANS
+
+
+class _OpPlans:
+    """An operator's kind of plan and its plans by call shape."""
+
+    __slots__ = ("traits", "numbers_by_type", "placed", "kind", "out", "plans")
+
+    def __init__(self, traits: OpTraits, kind: type[Plan], out: tuple | None) -> None:
+        self.traits, self.kind, self.out, self.plans = traits, kind, out, {}
+        self.numbers_by_type, self.placed = traits.numbers_by_type, traits.placed
+
+
+def _plans_of(op: torch._ops.OpOverload) -> _OpPlans | None:
+    """The operator's plans; None for an operator that never has any (it needs more than its arguments:
+    a generator, a ``device``; or the CPU decides its outputs; or it writes in place)."""
+    entry = _ops.get(op, _MISSING)
+    if entry is _MISSING:
+        traits = traits_of(op)
+        entry = None
+        if not (traits.blocked or not traits.returns_tensors or traits.cpu_decides or traits.generators
+                or "device" in traits.positions):
+            out = out_overload(op, traits)
+            if out is not None:
+                entry = _OpPlans(traits, ThroughOutOverload, out)
+            elif traits.out_args and all(r.kind is not Kind.FRESH for r in traits.returns):
+                entry = _OpPlans(traits, GivenOut, None)
+            elif traits.functional:
+                entry = _OpPlans(traits, Served, None)
+        _ops[op] = entry
+    return entry
+
+
+_ops: dict[torch._ops.OpOverload, _OpPlans | None] = {}
+_MISSING = object()
+_PLANS_SIZE = 8192
+_plan_count = 0
+
+
+# LITERALINCLUDE START: RUN KNOWN
+def run_known(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
+    """A call whose call shape has a plan runs it; UNKNOWN otherwise. One bridge call describes the call."""
+    entry = _ops.get(op, _MISSING)
+    if entry is _MISSING:
+        entry = _plans_of(op)
+    if entry is None:
+        return UNKNOWN
+    described = _C._describe_call(args, kwargs, entry.numbers_by_type, entry.placed)
+    if described is None:  # an argument only the general path takes (a CPU tensor that is not a 0-dim scalar)
+        return UNKNOWN
+    try:
+        plan = entry.plans.get(described[0])
+    except TypeError:  # an unhashable argument
+        return UNKNOWN
+    if plan is None:
+        return UNKNOWN
+    return _run(plan, described, args, kwargs, False)
+
+
+def _run(plan: Plan, described: list, args: tuple, kwargs: dict, check: bool) -> Any:
+    """Run a plan over a call's ``[call shape, host args, host kwargs, extents]``.
+
+    An error (out of memory, a forked child) leaves without the frames below this one, and with
+    ``described`` emptied: the host views of device memory in them would fault a debugger or test
+    runner that formats the frames' variables.
+    """
+    try:
+        return plan.run(described[1], described[2], described[3], args, kwargs, check)
+    except Exception as exc:  # noqa: BLE001 - re-raised below, without the frames that hold the views
+        error = exc
+    described.clear()
+    detach_frames(error, "fallback")
+    raise error
+# LITERALINCLUDE END: RUN KNOWN
+
+
+# LITERALINCLUDE START: PLAN A CALL
+def launch(call: Call, check: bool) -> Any:
+    """The general path's launch: through a new plan when the operator has plans, else the mechanism's
+    with a kernel whose outputs' allocations are served from device memory."""
+    entry = _plans_of(call.op)
+    plan = _plan(entry, call) if entry is not None else None
+    if plan is None:
+        return launch_copy(call, check, served_kernel)
+    described = [call.key, *host_args(call), _C._extents(call.tensors)]
+    result = _run(plan, described, call.args, call.kwargs, check)
+    if plan.cacheable:
+        call.plan = plan
+    return result
+
+
+def _plan(entry: _OpPlans, call: Call) -> Plan | None:
+    """The plan of a call the mechanism has decided; None when an output is absent (the mechanism runs it)."""
+    traits = call.traits
+    metas = [call.meta] if len(traits.returns) == 1 else list(call.meta or ())
+    if entry.kind is not GivenOut and any(not isinstance(m, torch.Tensor) for m in metas):
+        return None
+    numbers = [i for i in traits.tensor_args if isinstance(traits.value(*call.given, i), _NUMBERS)]
+    plan = entry.kind(call, tuple((i, call.args[i]) for i in numbers if i < len(call.args)), metas, entry.out)
+    # Numbers passed for Tensor arguments: the call shape has their values, so their wrapped tensors are the
+    # plan's; not when it has their types only, or when they were passed by keyword (not put back in place).
+    if numbers and (traits.numbers_by_type or numbers[-1] >= len(call.args)):
+        plan.cacheable = False
+    return plan
+
+
+def clean(call: Call) -> None:
+    """The call shape's first run was clean: keep its plan for the calls to come (the table is bounded)."""
+    global _plan_count
+    if call.plan is None or call.key is None:
+        return
+    if _plan_count >= _PLANS_SIZE:
+        for other in _ops.values():
+            if other is not None:
+                other.plans.clear()
+        _plan_count = 0
+    _ops[call.op].plans[call.key] = call.plan
+    _plan_count += 1
+# LITERALINCLUDE END: PLAN A CALL

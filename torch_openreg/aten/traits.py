@@ -1,0 +1,145 @@
+"""What the fallback needs to know about an operator, read once from its schema: a frozen record.
+
+Which arguments are tensors and which are written (``Tensor(a!)``), which returns alias which
+argument, whether it draws random numbers, and the few lists of operators whose CPU kernel needs a
+rule of its own. :func:`traits_of` builds the record the first time an operator is seen.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+# LITERALINCLUDE START: NEVER FALLBACK
+# Operators whose CPU kernel would be wrong for device memory: they raise instead.
+NEVER_FALLBACK = {
+    "aten::_pin_memory": "pinning applies to CPU tensors; openreg memory is device memory",
+    "aten::_pin_memory.out": "pinning applies to CPU tensors; openreg memory is device memory",
+    "aten::to_mkldnn": "MKL-DNN tensors live on the CPU only; copy the tensor to the CPU first",
+}
+# Operators that may take CPU index tensors alongside openreg tensors (as on CUDA).
+CPU_INDICES_OK = {
+    "aten::index.Tensor", "aten::index.Tensor_out", "aten::index_put_", "aten::index_put", "aten::_index_put_impl_"
+}
+# Operators whose meta kernel disagrees with their CPU kernel on output shapes or dtypes (the meta
+# kernels follow CUDA: e.g. eval-mode batch norm statistics of size C, not 0; float statistics for
+# bfloat16 inputs). The CPU kernel decides what they return: they always run now (``Route.NOW``).
+CPU_DECIDES_OUTPUTS = {"aten::_batch_norm_with_update", "aten::_embedding_bag", "aten::_embedding_bag_forward_only"}
+# Normalizations whose statistics outputs (1 and 2) the CPU kernel shapes its own way: in the input's
+# dtype unless a reduced-precision input meets float32 parameters, and empty when not training. The
+# meta run's outputs are corrected by that rule (cpu_rules.cpu_statistics), so they stay queued.
+CPU_STATISTICS = {"aten::native_batch_norm", "aten::_native_batch_norm_legit", "aten::native_layer_norm"}
+# The convolution's meta kernel gives a contiguous output where the CPU's oneDNN kernel keeps a
+# channels-last input or weight channels-last: the meta run's output takes the CPU's layout (cpu_rules.cpu_layout).
+CPU_LAYOUT = {"aten::convolution"}
+# LITERALINCLUDE END: NEVER FALLBACK
+
+
+# LITERALINCLUDE START: OP TRAITS
+class Kind(enum.Enum):
+    """What a return is: a new tensor, a view of an argument, or an argument it writes (in place, out=)."""
+
+    FRESH = "fresh"
+    VIEW = "view"
+    INPLACE = "inplace"
+
+
+@dataclass(frozen=True)
+class Return:
+    kind: Kind
+    arg: int | None  # the argument a VIEW or INPLACE return aliases
+
+
+@dataclass(frozen=True, eq=False)
+class OpTraits:
+    """What the fallback knows about one operator overload (built by :func:`traits_of`)."""
+
+    name: str  # "aten::add.Tensor"
+    schema_name: str  # "aten::add"
+    blocked: str | None  # why it must never fall back (NEVER_FALLBACK), or None
+    arguments: tuple  # the schema's arguments
+    positions: dict[str, int]  # argument name -> position
+    tensor_args: tuple[int, ...]  # positions of the ``Tensor`` arguments (a Python number may stand there)
+    generators: tuple[str, ...]  # the ``Generator?`` arguments: replaced by the device generator's CPU state
+    out_args: tuple[str, ...]  # keyword-only written arguments (``out=``)
+    returns: tuple[Return, ...]
+    mutates: bool  # writes an argument
+    functional: bool  # returns only fresh tensors and writes nothing
+    returns_tensors: bool  # returns only tensors (else the host needs the values now)
+    numbers_by_type: bool  # its numbers never shape its outputs (optimizers'): keyed by type alone
+    # Whether its outputs' metadata may depend on where its tensors sit in their storage: a view's offset does,
+    # and so do written arguments (overlap checks); fresh outputs do not, so the slices of a tensor (``x[i]``
+    # for each row) share one call shape (one meta run, one checking run, one plan), not one each.
+    placed: bool
+    loss: bool  # has a ``reduction`` argument
+    cpu_decides: bool  # CPU_DECIDES_OUTPUTS
+    cpu_statistics: bool  # CPU_STATISTICS
+    cpu_layout: bool  # CPU_LAYOUT
+    # The host waits for the device because of the data, as it would on CUDA (not because of what the simulator
+    # needs): PyTorch tags such operators. The sync debug mode (torch.openreg.set_sync_debug_mode) reports these.
+    host_waits: bool
+
+    def value(self, args: tuple, kwargs: dict, index: int) -> Any:
+        """The argument at ``index`` as called (its default when not passed)."""
+        if index < len(args):
+            return args[index]
+        a = self.arguments[index]
+        return kwargs.get(a.name, a.default_value if a.has_default_value() else None)
+
+
+def _is_write(a: Any) -> bool:
+    return a.alias_info is not None and a.alias_info.is_write
+
+
+def traits_of(op: torch._ops.OpOverload) -> OpTraits:
+    """The traits of ``op``, read from its schema the first time it is seen."""
+    traits = _traits.get(op)
+    if traits is None:
+        traits = _traits[op] = _read(op)
+    return traits
+
+
+def _read(op: torch._ops.OpOverload) -> OpTraits:
+    schema = op._schema
+    name = f"{schema.name}.{schema.overload_name}" if schema.overload_name else schema.name
+    arguments = tuple(schema.arguments)
+    alias_args = {s: i for i, a in enumerate(arguments) if a.alias_info is not None for s in a.alias_info.before_set}
+    returns = tuple(
+        Return(Kind.FRESH, None) if r.alias_info is None else Return(
+            Kind.INPLACE if r.alias_info.is_write else Kind.VIEW, alias_args.get(next(iter(r.alias_info.before_set)))
+        )
+        for r in schema.returns
+    )
+    mutates = any(_is_write(a) for a in arguments)
+    return OpTraits(
+        name=name,
+        schema_name=schema.name,
+        blocked=NEVER_FALLBACK.get(name) or NEVER_FALLBACK.get(schema.name),
+        arguments=arguments,
+        positions={a.name: i for i, a in enumerate(arguments)},
+        tensor_args=tuple(i for i, a in enumerate(arguments) if str(a.type) == "Tensor"),
+        generators=tuple(a.name for a in arguments if "Generator" in str(a.type)),
+        out_args=tuple(a.name for a in arguments if a.kwarg_only and _is_write(a)),
+        returns=returns,
+        mutates=mutates,
+        functional=bool(returns) and not mutates and all(
+            r.kind is Kind.FRESH and str(s.type) == "Tensor" for r, s in zip(returns, schema.returns)
+        ),
+        returns_tensors=all(str(r.type) in ("Tensor", "List[Tensor]", "Optional[Tensor]") for r in schema.returns),
+        # An optimizer's numbers (a learning rate, Adam's bias corrections) change every step but never the
+        # output metadata: keying calls by their values would treat every step as a new call shape.
+        numbers_by_type=schema.name.startswith(("aten::_foreach_", "aten::_fused_")),
+        placed=mutates or not returns or any(r.kind is not Kind.FRESH for r in returns),
+        loss="reduction" in (a.name for a in arguments),
+        cpu_decides=schema.name in CPU_DECIDES_OUTPUTS,
+        cpu_statistics=schema.name in CPU_STATISTICS,
+        cpu_layout=schema.name in CPU_LAYOUT,
+        host_waits=bool({torch.Tag.dynamic_output_shape, torch.Tag.data_dependent_output} & set(op.tags)),
+    )
+
+
+_traits: dict[torch._ops.OpOverload, OpTraits] = {}
+# LITERALINCLUDE END: OP TRAITS
