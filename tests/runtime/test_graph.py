@@ -66,11 +66,12 @@ def test_capture_records_launches_and_replay_runs_them_in_order(buf):
 def test_host_waits_during_capture_are_refused_and_invalidate_it(buf):
     s = openreg.Stream()
     openreg.set_stream(s)  # memcpy uses the current stream
-    for refused in (s.synchronize, s.query, lambda: s.run_here(len, ()), lambda: openreg.synchronize(0),
-                    lambda: openreg.memcpy(ctypes.addressof(ctypes.create_string_buffer(8)), buf, 8,
-                                           openreg.MemcpyKind.DEVICE_TO_HOST),
-                    lambda: openreg.memcpy_dtoh(buf, 8, s, "item") or pytest.skip("no copy engine"),
-                    lambda: openreg.memcpy_htod(buf, bytes(8), s) or pytest.skip("no copy engine")):
+    refusals = [s.synchronize, s.query, lambda: s.run_here(len, ()), lambda: openreg.synchronize(0),
+                lambda: openreg.memcpy(ctypes.addressof(ctypes.create_string_buffer(8)), buf, 8,
+                                       openreg.MemcpyKind.DEVICE_TO_HOST)]
+    if openreg.copy._engine.available:  # (without /proc/self/mem the engine copies run as kernels, refused above)
+        refusals += [lambda: openreg.memcpy_dtoh(buf, 8, s, "item"), lambda: openreg.memcpy_htod(buf, bytes(8), s)]
+    for refused in refusals:
         openreg.begin_capture(s)
         with pytest.raises(OpenRegError) as info:
             refused()
@@ -85,7 +86,7 @@ def test_host_waits_during_capture_are_refused_and_invalidate_it(buf):
         assert not openreg.is_capturing(s)
         s.launch(_add, buf, 1, buffers=[buf])  # the stream is usable again
         s.synchronize()
-    assert _read(buf) == [7] * 8
+    assert _read(buf) == [len(refusals)] * 8
 
 
 def test_capture_on_the_default_stream_and_nested_captures_are_errors():
