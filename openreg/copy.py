@@ -146,13 +146,6 @@ def _device_extent(ptr: int, nbytes: int, stream: Stream | None) -> Stream:
     return stream or current_stream(alloc.device)
 
 
-def _refuse_in_capture(stream: Stream, name: str) -> None:
-    """A synchronous copy cannot be captured (``cudaErrorStreamCaptureUnsupported``): refused under the
-    caller's name, as ``Stream.run_here`` refuses a kernel the host runs now."""
-    if stream._q.capture is not None:
-        stream._q.capture.refuse(stream._q, f"{name}, a synchronous call,")
-
-
 def memcpy_dtoh(src: int, nbytes: int, stream: Stream | None = None, name: str = "memcpy",
                 about: object = None) -> bytearray | None:
     """``cudaMemcpy`` device to host into a new host buffer: waits for ``stream``'s earlier work (running it
@@ -161,7 +154,7 @@ def memcpy_dtoh(src: int, nbytes: int, stream: Stream | None = None, name: str =
     if not _engine.available:
         return None
     stream = _device_extent(src, nbytes, stream)
-    _refuse_in_capture(stream, name)
+    stream.refuse_in_capture(name)
     stream.synchronize()
     _checked(stream, src, nbytes, False, name, about)
     return stream.transfer(name, _engine.read, src, nbytes)
@@ -176,7 +169,7 @@ def memcpy_dtoh_into(dst: int, src: int, nbytes: int, stream: Stream | None = No
         return False
     _side(dst, nbytes, False, "destination")
     stream = _device_extent(src, nbytes, stream)
-    _refuse_in_capture(stream, name)
+    stream.refuse_in_capture(name)
     stream.synchronize()
     _checked(stream, src, nbytes, False, name, about)
     stream.transfer(name, _engine.read_into, src, nbytes, dst)
@@ -193,7 +186,7 @@ def memcpy_htod(dst: int, data, stream: Stream | None = None, name: str = "memcp
         return False
     nbytes = memoryview(data).nbytes
     stream = _device_extent(dst, nbytes, stream)
-    _refuse_in_capture(stream, name)
+    stream.refuse_in_capture(name)
     if blocking:
         stream.synchronize()
     else:  # (the simulator's wait: its copy engine writes now, after the stream's earlier work)

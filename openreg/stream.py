@@ -409,8 +409,7 @@ class Stream:
         """
         start()
         q = self._q
-        if q.capture is not None:  # a kernel the host runs now cannot be captured (openreg.graph)
-            q.capture.refuse(q, f"{name}, a synchronous call,")
+        self.refuse_in_capture(name)
         if sanitizer.enabled:  # the stream sanitizer: a launch that races raises here
             race = sanitizer.launch(q, buffers, writes, name, fn, args, host=host_sync)
             if race is not None:
@@ -456,6 +455,12 @@ class Stream:
             activity.record(self.device, started, time.perf_counter_ns(), name)
             if _observers:
                 self._q._observe(_Item(fn, args, [], name, 0, tag), started)
+
+    def refuse_in_capture(self, name: str) -> None:
+        """Work the host runs now (a kernel run here, a synchronous copy) cannot be captured
+        (``cudaErrorStreamCaptureUnsupported``): refused under the caller's name (openreg.graph)."""
+        if self._q.capture is not None:
+            self._q.capture.refuse(self._q, f"{name}, a synchronous call,")
 
     def wait_for(self, seq: int) -> None:
         """Block until launch number ``seq`` on this stream has finished."""
