@@ -33,17 +33,21 @@ def group():
 @pytest.fixture
 def blocked(asynchronous):
     """``block()`` queues a kernel on the current stream that holds it until the test releases it."""
-    gates = []
+    gates, released = [], []
 
     def block(device: int = 0) -> threading.Event:
         gate = threading.Event()
-        launch(device, gate.wait, 30, tensors=[], name="gate")
+        launch(device, lambda: released.append(gate.wait(30)), tensors=[], name="gate")
         gates.append(gate)
         return gate
 
     yield block
     for gate in gates:
         gate.set()
+    for device in range(torch.openreg.device_count()):
+        torch.openreg.synchronize(device)
+    # A gate that timed out means the host waited for it (a hidden synchronization), not the test's order.
+    assert released == [True] * len(gates), "a gate was released by its timeout"
 
 
 def occl(group) -> object:
@@ -189,10 +193,12 @@ def test_current_stream_goes_on_while_the_collective_is_held(group, launches, as
     """The caller's stream is not held by the collective: only work.wait() orders it after the collective."""
     t = torch.ones(4, device="openreg")
     dist.all_reduce(t, async_op=True).wait()
+    t + 0  # the first call of a call shape runs at the call (docs/fallback.md): the one below is queued
     torch.openreg.synchronize()
     (device, stream), = collective_streams(launches)
-    gate = threading.Event()
-    openreg.get_stream(device, stream).launch(gate.wait, 30, name="gate")  # holds the group's stream
+    gate, released = threading.Event(), []
+    # holds the group's stream until the gate opens (released says whether it opened or timed out)
+    openreg.get_stream(device, stream).launch(lambda: released.append(gate.wait(30)), name="gate")
     try:
         work = dist.all_reduce(t, async_op=True)
         u = torch.arange(3.0, device="openreg") * 2
@@ -200,9 +206,11 @@ def test_current_stream_goes_on_while_the_collective_is_held(group, launches, as
         assert not work.is_completed()
         work.wait()
         v = t + 0  # queued after the collective on the current stream
+        assert not work.is_completed()
         threading.Timer(0.2, gate.set).start()
         assert v.cpu().tolist() == [1.0] * 4
         assert work.is_completed()
+        assert released == [True]  # the gate was opened by the timer, not by its timeout
     finally:
         gate.set()
 
@@ -254,6 +262,7 @@ def test_barrier_holds_the_host(group, blocked):
 
 def test_future_is_stream_ordered(group, blocked):
     t = torch.ones(4, device="openreg")
+    t + 1  # the callback's call shape, seen once: its call below is queued behind the gate, not run at the call
     gate = blocked()
     work = dist.all_reduce(t, async_op=True)
     fut = work.get_future()
