@@ -136,7 +136,7 @@ def test_gradients_match_cpu():
         loss.backward()
         results.append((loss.detach().cpu(), n.grad.to_padded_tensor(0.0).cpu(), w.grad.cpu()))
     for got, expected in zip(results[1], results[0]):
-        torch.testing.assert_close(got, expected, rtol=0, atol=0)
+        torch.testing.assert_close(got, expected)
 
 
 @pytest.fixture(scope="module")
