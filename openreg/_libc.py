@@ -1,4 +1,4 @@
-"""The few libc calls the simulator needs (mmap, mprotect, munmap, madvise, mincore), through ctypes."""
+"""The few libc calls the simulator needs (mmap, mprotect, munmap, madvise, mincore, pread), through ctypes."""
 
 from __future__ import annotations
 
@@ -14,6 +14,8 @@ libc.munmap.restype = ctypes.c_int
 libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
 libc.mprotect.restype = ctypes.c_int
 libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+libc.pread.restype = ctypes.c_ssize_t  # the copy engine's reads into host memory it is given by address
+libc.pread.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_long]
 
 PAGE = mmap.PAGESIZE
 PROT_NONE = mmap.PROT_NONE if hasattr(mmap, "PROT_NONE") else 0

@@ -7,6 +7,7 @@ import enum
 import os
 
 from . import memory, sanitizer, timing
+from ._libc import libc
 from .errors import ErrorCode, OpenRegError
 from .stream import Stream, current_stream
 
@@ -124,8 +125,10 @@ class _CopyEngine:
         return out
 
     def read_into(self, ptr: int, nbytes: int, host: int) -> None:
-        """Read ``nbytes`` at device address ``ptr`` straight into host memory at ``host``."""
-        if nbytes and os.preadv(self._file(), [(ctypes.c_char * nbytes).from_address(host)], ptr) != nbytes:
+        """Read ``nbytes`` at device address ``ptr`` straight into host memory at ``host`` (one ``pread``: a
+        ``.cpu()`` or ``.item()`` of a few bytes costs the system call, not a buffer object around it)."""
+        fd = self.fd if self.fd is not None else self._file()
+        if nbytes and libc.pread(fd, host, nbytes, ptr) != nbytes:
             raise OpenRegError(ErrorCode.LAUNCH_FAILURE, f"copy engine: short read of {nbytes} bytes at 0x{ptr:x}")
 
     def write(self, ptr: int, data) -> None:

@@ -88,9 +88,14 @@ ENGINE_MAX = 1 << 20  # larger copies open the pages and copy on the host: ``mpr
 def _extent(t: torch.Tensor) -> int | None:
     """Bytes from ``t``'s first element to its last, for the copy engine; None when it does not apply
     (a layout other than strided, quantized, negative strides, too large)."""
-    if t.layout != torch.strided or t.is_quantized or any(s < 0 for s in t.stride()) or openreg.timing.active:
+    if openreg.timing.active or t.layout != torch.strided or t.is_quantized:
         return None  # (the timing model prices copies as launches: under simulate() they take that path)
-    span = (1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride()))) * t.element_size() if t.numel() else 0
+    if t.is_contiguous():  # (most copies: the span is the elements' bytes)
+        span = t.numel() * t.element_size()
+    elif any(s < 0 for s in t.stride()):
+        return None
+    else:
+        span = (1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride()))) * t.element_size() if t.numel() else 0
     return span if span <= ENGINE_MAX else None
 
 
