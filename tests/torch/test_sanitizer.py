@@ -223,8 +223,7 @@ def test_allocating_on_one_stream_and_using_on_another_needs_ordering():
     ptr = x.data_ptr()
     x.sum()  # a read on the default stream, then the tensor is gone
     del x
-    z = torch.empty(256, device=DEV)  # the same block, allocated on the default stream
-    assert z.data_ptr() == ptr
+    z, _held = _reused(ptr)  # the same bytes, allocated on the default stream
     with torch.openreg.stream(s):
         raced(z.fill_, 2.0)  # used on s before s is ordered after the default stream
         torch.openreg.current_stream().wait_stream(torch.openreg.default_stream())
