@@ -694,11 +694,14 @@ def test_fault(faults, name):
     assert faults[name] is None, faults[name]
 
 
-def _dead_peer(rank: int, world: int, how: str) -> tuple[float, str] | None:
+def _dead_peer(rank: int, world: int, how: str, done: str) -> tuple[float, str] | None:
     if rank == 1:
         if how == "exits":
             os._exit(3)
-        time.sleep(8)  # "hangs": alive, never joins the collective (the group's timeout is 2 s)
+        # "hangs": alive, never joins the collective (the group's timeout is 2 s), until rank 0 is done
+        deadline = time.monotonic() + 30
+        while not os.path.exists(done) and time.monotonic() < deadline:
+            time.sleep(0.05)
         return None
     t = torch.ones(4, device=device(rank))
     start = time.monotonic()
@@ -707,13 +710,16 @@ def _dead_peer(rank: int, world: int, how: str) -> tuple[float, str] | None:
         t.cpu()
     except RuntimeError as exc:
         return time.monotonic() - start, str(exc)
+    finally:
+        open(done, "w").close()
     raise AssertionError("the collective with a dead peer succeeded")
 
 
 @pytest.mark.parametrize("how", ["exits", "hangs"])
-def test_dead_peer_fails_within_the_timeout(how):
+def test_dead_peer_fails_within_the_timeout(how, tmp_path):
     """A peer that is gone (or never comes) fails the collective within the group's timeout: no hang."""
-    elapsed, message = run_group(_dead_peer, 2, how, allow_exit=(1,), group_timeout=2.0, timeout=90)[0]
+    done = str(tmp_path / "rank0-done")
+    elapsed, message = run_group(_dead_peer, 2, how, done, allow_exit=(1,), group_timeout=2.0, timeout=90)[0]
     assert "occl:all_reduce on openreg:0" in message and "rank 0 of process group" in message, message
     assert elapsed < 2.0 + 5.0, elapsed
 
