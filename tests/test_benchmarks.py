@@ -37,11 +37,14 @@ def test_suite_quick_mode_runs_every_section():
                 "| 100 elementwise ops, 16 floats |", "| MLP training step, batch 1 |", "| (a + b).cpu() |",
                 "| a.add(b).sum().item() |", "| a.cpu() of a ready tensor |", "| a + b, 200 launches queued |",
                 "| queue (Stream.launch) and return |", "two 256x256 matmuls, two streams", "| matmul | 4096 |",
-                "| runtime launch (no-op kernel, one buffer) |", "| a + b, 16 floats (launch and run) |"):
+                "| runtime launch (no-op kernel, one buffer) |", "| a + b, 16 floats (launch and run) |",
+                "| ResNet-18 (batch 2, 3x32x32, SGD momentum) |",
+                "| ResNet-18 channels_last (batch 2, 3x32x32, SGD momentum) |", "| CNN (2 conv, batch 1, SGD) |"):
         assert row in proc.stdout, proc.stdout
     sanitized = proc.stdout.split("## Stream sanitizer: training steps")[1]
-    rows = [line.split("|") for line in sanitized.splitlines() if line.startswith(("| MLP", "| CNN", "| Transformer"))]
-    assert len(rows) == 3 and all(float(r[5]) > 0 and float(r[6]) > 0 for r in rows), sanitized  # on/off, on/cpu
+    rows = [line.split("|") for line in sanitized.splitlines()
+            if line.startswith(("| MLP", "| CNN", "| Transformer", "| ResNet"))]
+    assert len(rows) == 6 and all(float(r[5]) > 0 and float(r[6]) > 0 for r in rows), sanitized  # on/off, on/cpu
     machine = proc.stdout.splitlines()[0]
     assert machine.startswith("Machine: ") and " cores; torch " in machine, machine
 

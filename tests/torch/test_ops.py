@@ -884,6 +884,18 @@ def test_convolution_output_layout_follows_the_cpu(input_format, weight_format, 
     assert dx.grad.stride() == x.grad.stride()
 
 
+
+def test_convolution_output_strides_follow_the_cpu_where_both_formats_fit():
+    """A channels-last convolution to a 1x1 output is contiguous in both formats: the CPU allocates it
+    channels-last (strides (C, 1, C, C)), and openreg gives the same strides, which the kernels after it
+    (batch norm, elementwise) choose their loops by."""
+    x = torch.randn(2, 8, 3, 3).contiguous(memory_format=torch.channels_last)
+    w = torch.randn(16, 8, 3, 3).contiguous(memory_format=torch.channels_last)
+    expected, got = F.conv2d(x, w), F.conv2d(x.to(DEV), w.to(DEV))
+    assert expected.stride() == (16, 1, 16, 16)
+    assert got.stride() == expected.stride()
+    torch.testing.assert_close(got.cpu(), expected)
+
 def test_noncontiguous_copy_to_and_from_cpu():
     x = torch.randn(5, 6)
     d = x.t().to(DEV)  # non-contiguous source

@@ -54,5 +54,7 @@ def cpu_layout(args: tuple, meta: torch.Tensor) -> torch.Tensor:
         layout = torch._C._conv_determine_backend_memory_format(*stand_ins, backend)
     except RuntimeError:  # arguments the CPU's selection refuses: the meta kernel's layout stands
         return meta
-    return meta.contiguous(memory_format=layout)
+    # a fresh tensor's strides, as the CPU kernel allocates its output: ``meta.contiguous(layout)`` would keep
+    # the meta strides where both formats fit (size-1 dimensions), and kernels downstream choose by strides
+    return torch.empty(meta.shape, dtype=meta.dtype, device="meta", memory_format=layout)
 # LITERALINCLUDE END: CPU STATISTICS
