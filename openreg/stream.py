@@ -111,6 +111,7 @@ class _Queue:
         self.last_done = 0.0  # time.monotonic() when the last item finished
         self.ahead = 0  # items up to this sequence number had their pages opened ahead (_grant_ahead)
         self.capture = None  # while a graph capture (openreg.graph) records this stream's launches, or guards it
+        self.hurried = False  # a host waits for the whole device: run the queue now, without waiting for _IDLE
 
     # LITERALINCLUDE START: STREAM RUN
     def run(self, item: _Item) -> None:
@@ -294,8 +295,8 @@ class _Queue:
                         continue
                     now = time.monotonic()
                     if self.items and not self.busy and not self.items[0].owner:
-                        if now - self.last_launch >= _IDLE:
-                            break  # the host has paused: run the next item
+                        if self.hurried or now - self.last_launch >= _IDLE:
+                            break  # the host has paused (or waits for the device): run the next item
                         timeout = max(self.last_launch + _IDLE - now, nap)
                     elif self.open and not self.busy and not self.items:  # (a queued item is a host's)
                         if now - self.last_done >= _LINGER:
@@ -312,10 +313,20 @@ class _Queue:
                     nap = min(2 * nap, _NAP_MAX)
                 item = self.items.popleft()
                 self.busy = True
+                if not self.items:
+                    self.hurried = False
             nap = _IDLE
             self.run(item)
             del item
     # LITERALINCLUDE END: STREAM SERVE
+
+    def hurry(self) -> None:
+        """A host waits for the whole device and runs another stream's queue itself: this worker starts on its
+        queue now, side by side with it, rather than after ``_IDLE`` (the host is not launching)."""
+        with self.lock:
+            if self.items and self.worker is not None:
+                self.hurried = True
+                self.wake.notify()
 
     def close(self) -> None:
         """The stream is gone: its worker drains the queue and exits; an idle queue is settled here and
@@ -619,6 +630,13 @@ def drain(device: int | None = None) -> list[_Queue]:
         with _registry_lock:
             refs = _device_queues[device] = [weakref.ref(q) for (d, _), q in list(_queues.items()) if d == device]
     queues = [q for q in (ref() for ref in refs) if q is not None]
+    # LITERALINCLUDE START: DRAIN SIDE BY SIDE
+    # The host runs the first busy queue itself; the other busy streams' workers start at once, beside it (a
+    # copy on one stream overlaps a kernel on another), instead of after the host's pause (_IDLE).
+    busy = [q for q in queues if q.items]
+    for q in busy[1:]:
+        q.hurry()
+    # LITERALINCLUDE END: DRAIN SIDE BY SIDE
     for q in queues:
         seq = q.launched
         q.wait_for(seq)

@@ -54,6 +54,18 @@ def test_two_streams_overlap(asynchronous):
     assert elapsed < 0.55
 
 
+def test_device_synchronize_starts_the_other_streams_at_once(asynchronous, monkeypatch):
+    """A host waiting for the whole device runs one stream's queue itself; the other busy streams' workers start
+    beside it at once, not after the host's pause: here the first kernel waits for the second one."""
+    monkeypatch.setattr(openreg.stream, "_IDLE", 30.0)  # a worker left to the pause would start far too late
+    a, b = openreg.Stream(), openreg.Stream()
+    gate, released = threading.Event(), []
+    a.launch(lambda: released.append(gate.wait(10)))
+    b.launch(gate.set)
+    openreg.synchronize()
+    assert released == [True]
+
+
 def test_streams_on_different_devices_overlap(two_devices, asynchronous):
     spans = {}
 
