@@ -62,8 +62,8 @@ def supported_dtypes(device: int) -> list:
 
 def has_primary_context(device: int) -> bool:
     """True once the device has memory or streams in use (its context exists)."""
-    openreg.get_device_properties(device)
-    return allocator(device).segments != {} or device in openreg.stream._default
+    check_device(device)
+    return bool(allocator(device).segments) or device in openreg.stream._default
 # LITERALINCLUDE END: BRIDGE DEVICES
 
 
