@@ -231,6 +231,8 @@ class _Queue:
                         continue
                     item = items.popleft()
                     self.busy = True
+                    if not items:
+                        self.hurried = False  # drained here: later launches wait for the host's pause again
                     ahead = None
                     if seq > self.ahead:  # once per wait: the queue is scanned once, not once per item
                         if items:

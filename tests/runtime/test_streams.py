@@ -66,6 +66,23 @@ def test_device_synchronize_starts_the_other_streams_at_once(asynchronous, monke
     assert released == [True]
 
 
+def test_after_a_device_synchronize_launches_wait_for_the_pause_again(asynchronous, monkeypatch):
+    """Starting the workers at once is for that synchronize only: later launches are left queued while the
+    host may still launch (the worker waits for its pause, _IDLE)."""
+    monkeypatch.setattr(openreg.stream, "_IDLE", 30.0)
+    a, b = openreg.Stream(), openreg.Stream()
+    a.launch(time.sleep, 0.05)
+    b.launch(int)
+    b.launch(int)
+    openreg.synchronize()
+    ran = []
+    b.launch(ran.append, 1)
+    time.sleep(0.2)
+    assert ran == []  # still queued: nobody hurried this launch
+    b.synchronize()
+    assert ran == [1]
+
+
 def test_streams_on_different_devices_overlap(two_devices, asynchronous):
     spans = {}
 
