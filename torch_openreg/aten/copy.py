@@ -23,6 +23,17 @@ def _copy_into(dst_view: torch.Tensor, src: torch.Tensor) -> None:
     dst_view.copy_(src)
 
 
+def _check_shapes(src: torch.Tensor, dst: torch.Tensor) -> None:
+    """Refuse, at the call, a ``src`` that does not broadcast to ``dst``'s shape, with the CPU's message.
+
+    A copy queued on a stream would otherwise fail in its kernel and report at the next synchronization,
+    where CUDA (and the CPU) check shapes on the host before anything runs. The check is ``copy_``'s own,
+    over meta tensors (a few microseconds, paid only when the shapes differ).
+    """
+    if not src.is_nested and src.shape != dst.shape:
+        torch.empty(dst.shape, device="meta").copy_(torch.empty(src.shape, device="meta"))
+
+
 # LITERALINCLUDE START: COPY FROM
 def copy_from(src: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
     """``aten::_copy_from``: copy ``src`` into ``dst`` where either side is openreg.
@@ -34,6 +45,7 @@ def copy_from(src: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False) 
     if openreg.timing.active:  # the timing model prices the copy's launch (torch_openreg/timing)
         timing_costs.price_copy(src, dst, non_blocking)
     if src.get_device() >= 0 and dst.get_device() >= 0:
+        _check_shapes(src, dst)
         if src.device == dst.device:
             launch(dst.device.index, _copy_into, host_view(dst), host_view(src), tensors=(dst, src), writes=(dst,),
                    name="copy_d2d")
@@ -55,6 +67,7 @@ def copy_from(src: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False) 
     to_device = dst.get_device() >= 0
     host = src if to_device else dst
     if non_blocking and host.is_pinned():
+        _check_shapes(src, dst)
         device, tensors, args = _kernel_copy(src, dst, to_device)
         writes = tensors if to_device else ()  # the device side: written from the host, or read to it
         stream, _ = launch(device, _copy_into, *args, tensors=tensors, writes=writes, name="copy_async")
