@@ -45,3 +45,29 @@ def test_copy_of_wrong_shape_raises_at_the_call(kind, dst_shape, src_shape):
     torch.openreg.synchronize()  # nothing failed on the device
     src = torch.arange(float(dst.numel())).view(dst_shape)  # a copy that broadcasts still works
     torch.testing.assert_close(dst.copy_(src.to(dst.device)).cpu(), src)
+
+
+def test_caching_allocator_raw_allocations_refuse_bad_input():
+    """``caching_allocator_delete`` of a pointer the allocator does not own is CUDA's "invalid device
+    pointer" error (was a KeyError or TypeError from inside the allocator); a negative size is refused
+    (was a 512-byte block); 0 bytes give the null pointer, which deletes as a no-op, as on CUDA."""
+    before = torch.openreg.memory_allocated()
+    ptr = torch.openreg.caching_allocator_alloc(1000)
+    assert torch.openreg.memory_allocated() == before + 1024
+    torch.openreg.caching_allocator_delete(ptr)
+    assert torch.openreg.memory_allocated() == before
+    with pytest.raises(RuntimeError, match=rf"invalid device pointer: {ptr:#x}"):
+        torch.openreg.caching_allocator_delete(ptr)  # twice
+    with pytest.raises(RuntimeError, match="invalid device pointer: 0x3039"):
+        torch.openreg.caching_allocator_delete(12345)
+    keep = torch.ones(256, device="openreg")
+    with pytest.raises(RuntimeError, match="invalid device pointer"):
+        torch.openreg.caching_allocator_delete(keep.data_ptr() + 4)  # inside a block, not its start
+    with pytest.raises(ValueError, match="non-negative"):
+        torch.openreg.caching_allocator_alloc(-5)
+    with pytest.raises(TypeError, match="int"):
+        torch.openreg.caching_allocator_alloc(10.5)
+    assert torch.openreg.caching_allocator_alloc(0) == 0
+    torch.openreg.caching_allocator_delete(0)
+    assert torch.openreg.memory_allocated() == before + 1024  # only `keep`
+    torch.testing.assert_close(keep.cpu(), torch.ones(256))
