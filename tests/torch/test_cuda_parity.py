@@ -71,3 +71,30 @@ def test_caching_allocator_raw_allocations_refuse_bad_input():
     torch.openreg.caching_allocator_delete(0)
     assert torch.openreg.memory_allocated() == before + 1024  # only `keep`
     torch.testing.assert_close(keep.cpu(), torch.ones(256))
+
+
+def test_stream_priority_as_torch_cuda_stream():
+    """``torch.cuda.Stream`` has ``priority`` (lower is higher; out-of-range values map to the nearest valid
+    one) and ``priority_range()``; ``current_stream``/``default_stream`` return the same class."""
+    least, greatest = torch.openreg.Stream.priority_range()
+    assert (least, greatest) == (0, -1)
+    assert torch.openreg.Stream(priority=-1).priority == greatest
+    assert torch.openreg.Stream(priority=-100).priority == greatest
+    assert torch.openreg.Stream().priority == least
+    assert torch.openreg.Stream(priority=7).priority == least
+    assert torch.openreg.current_stream().priority == 0
+    assert torch.openreg.default_stream().priority == 0
+    high = torch.openreg.Stream(priority=-1)
+    with torch.openreg.stream(high):
+        current = torch.openreg.current_stream()
+        assert current == high and hash(current) == hash(high)
+        assert current.priority == -1
+        x = torch.arange(6.0, device="openreg") * 2  # work runs on it like on any stream
+    torch.openreg.current_stream().wait_stream(high)
+    torch.testing.assert_close(x.cpu(), torch.arange(6.0) * 2)
+    # still a torch.Stream, equal to PyTorch's own object for the same stream
+    assert isinstance(high, torch.Stream) and isinstance(high, torch.openreg.Stream)
+    assert torch.Stream(stream_id=high.stream_id, device_index=high.device_index, device_type=high.device_type) == high
+    assert isinstance(torch.accelerator.current_stream(), torch.openreg.Stream)
+    external = torch.openreg.ExternalStream(high.stream_id)
+    assert external == high and external.priority == -1
