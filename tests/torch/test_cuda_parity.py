@@ -98,3 +98,13 @@ def test_stream_priority_as_torch_cuda_stream():
     assert isinstance(torch.accelerator.current_stream(), torch.openreg.Stream)
     external = torch.openreg.ExternalStream(high.stream_id)
     assert external == high and external.priority == -1
+
+
+def test_record_stream_refuses_a_stream_of_another_device_type():
+    """CUDA refuses ``record_stream`` with a stream that is not CUDA's; openreg named a device -1."""
+    x = torch.ones(4, device="openreg")
+    with pytest.raises(RuntimeError, match="record_stream: expected an openreg stream.*got a stream on cpu"):
+        x.record_stream(torch.Stream("cpu"))
+    side = torch.openreg.Stream()
+    x.record_stream(side)  # an openreg stream is fine
+    torch.testing.assert_close(x.cpu(), torch.ones(4))

@@ -170,6 +170,9 @@ def copy_from_and_resize(src: torch.Tensor, dst: torch.Tensor) -> torch.Tensor:
 
 def record_stream(t: torch.Tensor, stream: torch.Stream) -> None:
     """``Tensor.record_stream``: the caching allocator keeps ``t``'s block until ``stream``'s work is done."""
+    if stream.device.type != "openreg":  # as CUDA refuses a stream that is not CUDA's
+        raise RuntimeError(f"record_stream: expected an openreg stream for a tensor on {t.device}, got a stream "
+                           f"on {stream.device}")
     ptr = t.untyped_storage().data_ptr()
     if ptr:
         owner(ptr).record_stream(ptr, openreg.get_stream(stream.device_index, stream.stream_id))
