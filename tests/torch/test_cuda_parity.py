@@ -108,3 +108,24 @@ def test_record_stream_refuses_a_stream_of_another_device_type():
     side = torch.openreg.Stream()
     x.record_stream(side)  # an openreg stream is fine
     torch.testing.assert_close(x.cpu(), torch.ones(4))
+
+
+def test_stream_on_a_negative_device_is_on_the_current_device(two_devices):
+    """torch.cuda.Stream: "If device is None (default) or a negative integer, this will use the current
+    device" (openreg refused -1 with "Device index must not be negative")."""
+    assert torch.openreg.Stream(device=-1).device == torch.device("openreg", 0)
+    with torch.openreg.device(1):
+        assert torch.openreg.Stream(-1, priority=-1).device == torch.device("openreg", 1)
+
+
+def test_stream_context_and_set_stream_refuse_a_stream_of_another_device_type():
+    """A CPU stream given to ``torch.openreg.stream``/``set_stream`` is refused naming it (openreg said
+    "invalid device ordinal -1"); the current stream is unchanged."""
+    cpu_stream = torch.Stream("cpu")
+    with pytest.raises(ValueError, match="expected an openreg stream, got a stream on cpu"):
+        torch.openreg.stream(cpu_stream)
+    with pytest.raises(ValueError, match="expected an openreg stream, got a stream on cpu"):
+        torch.openreg.set_stream(cpu_stream)
+    assert torch.openreg.current_stream() == torch.openreg.default_stream()
+    with torch.openreg.stream(None):  # None selects nothing, as in torch.cuda.stream
+        assert torch.openreg.current_stream() == torch.openreg.default_stream()

@@ -38,6 +38,8 @@ class Stream(torch.Stream, metaclass=_OpenRegType):
         if "stream_id" in kwargs:  # an existing stream (stream_id, device_index, device_type), as torch.Stream takes
             return super().__new__(cls, **kwargs)
         _lazy_init()
+        if isinstance(device, int) and device < 0:
+            device = None  # a negative index is the current device, as torch.cuda.Stream takes it
         return super().__new__(cls, device=torch.device("openreg", _index(device)), priority=priority)
 
     @property
@@ -49,6 +51,9 @@ class Stream(torch.Stream, metaclass=_OpenRegType):
     def priority_range() -> tuple[int, int]:
         """``(least, greatest)`` priority, as ``torch.cuda.Stream.priority_range()``: ``(0, -1)``."""
         return openreg.PRIORITY_LOW, openreg.PRIORITY_HIGH
+
+
+_OPENREG_TYPE = torch._C._autograd.DeviceType.PrivateUse1.value  # what torch.Stream.device_type holds for openreg
 
 
 def _as_stream(s: torch.Stream) -> Stream:
@@ -78,9 +83,15 @@ def default_stream(device: Any = None) -> Stream:
     return Stream(stream_id=0, device_index=s.device_index, device_type=s.device_type)
 
 
+def _check_openreg(stream: torch.Stream) -> None:
+    if stream.device_type != _OPENREG_TYPE:
+        raise ValueError(f"expected an openreg stream, got a stream on {stream.device}")
+
+
 def set_stream(stream: torch.Stream) -> None:
     """Make ``stream`` the current stream of its device."""
     if stream is not None:
+        _check_openreg(stream)
         torch._C._accelerator_setStream(stream)
 
 
@@ -88,6 +99,8 @@ class stream:
     """Context manager selecting a stream (and its device), like ``torch.cuda.stream``."""
 
     def __init__(self, stream: torch.Stream | None) -> None:
+        if stream is not None:
+            _check_openreg(stream)
         self.stream = stream
 
     def __enter__(self) -> torch.Stream | None:
