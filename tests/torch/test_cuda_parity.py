@@ -129,3 +129,60 @@ def test_stream_context_and_set_stream_refuse_a_stream_of_another_device_type():
     assert torch.openreg.current_stream() == torch.openreg.default_stream()
     with torch.openreg.stream(None):  # None selects nothing, as in torch.cuda.stream
         assert torch.openreg.current_stream() == torch.openreg.default_stream()
+
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.complex64, torch.int64, torch.int8, torch.uint8,
+          torch.bool]
+
+
+@pytest.fixture
+def deterministic():
+    torch.use_deterministic_algorithms(True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(False)
+
+
+def _fills(device: str) -> dict[str, torch.Tensor]:
+    """Each way PyTorch documents to get uninitialized memory, read back to the host."""
+    out = {str(dtype): torch.empty(5, dtype=dtype, device=device) for dtype in DTYPES}
+    out["empty_like"] = torch.empty_like(torch.ones(3, device=device))
+    out["empty_strided"] = torch.empty_strided((2, 3), (1, 2), device=device)
+    out["new_empty"] = torch.ones(1, device=device).new_empty(4)
+    grown = torch.ones(2, device=device)
+    out["resize_"] = grown.resize_(6)  # the two old elements keep their values, the four new ones are filled
+    return {name: t.cpu() for name, t in out.items()}
+
+
+def test_deterministic_mode_fills_uninitialized_memory(deterministic):
+    """``torch.use_deterministic_algorithms(True)`` (with ``torch.utils.deterministic.fill_uninitialized_memory``,
+    on by default) makes CPU and CUDA fill ``empty*`` and the growth of ``resize_`` with NaN or the largest
+    integer; openreg's factories returned whatever the cached block held."""
+    dirty = torch.full((4096,), 3.0, device="openreg")  # leave values in the cache for the empties to reuse
+    del dirty
+    expected, got = _fills("cpu"), _fills("openreg")
+    for name, want in expected.items():
+        torch.testing.assert_close(got[name], want, equal_nan=True, msg=name)
+    import torch.utils.deterministic as flags
+    flags.fill_uninitialized_memory = False
+    try:
+        dirty = torch.full((4096,), 3.0, device="openreg")
+        del dirty
+        assert torch.empty(4096, device="openreg").cpu().eq(3.0).all()  # not filled: the cached values
+    finally:
+        flags.fill_uninitialized_memory = True
+
+
+def test_training_in_deterministic_mode_matches_cpu(deterministic):
+    def step(device: str) -> list[torch.Tensor]:
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.ReLU(),
+                                    torch.nn.Flatten(), torch.nn.Linear(4 * 6 * 6, 2)).to(device)
+        opt = torch.optim.Adam(model.parameters())
+        x = torch.randn(2, 3, 8, 8).to(device)
+        model(x).pow(2).mean().backward()
+        opt.step()
+        return [p.detach().cpu() for p in model.parameters()]
+
+    torch.testing.assert_close(step("openreg"), step("cpu"))
