@@ -304,8 +304,8 @@ def test_sync_debug_mode_reports_each_host_wait(what, sync_debug):
 
 
 def test_sync_debug_mode_is_quiet_on_device_and_event_synchronize(sync_debug):
-    """As CUDA's: ``torch.cuda.synchronize()`` (``device_synchronize``) and ``Event.synchronize()`` are
-    not reported, only a stream's ``synchronize`` and the waits a program does not ask for by name."""
+    """As CUDA's: ``torch.cuda.synchronize()`` (``device_synchronize``), ``Event.synchronize()`` and
+    ``non_blocking`` copies are not reported; a stream's ``synchronize`` and blocking copies are."""
     t = torch.ones(4, device="openreg") * 2
     sync_debug("error")
     dev.synchronize()
@@ -313,10 +313,16 @@ def test_sync_debug_mode_is_quiet_on_device_and_event_synchronize(sync_debug):
     torch.accelerator.synchronize()
     done = dev.current_stream().record_event()
     done.synchronize()
+    # a non_blocking copy is CUDA's cudaMemcpyAsync, which the mode does not check, pinned or pageable
+    t.copy_(torch.full((4,), 2.0), non_blocking=True)
+    pageable = torch.empty(4)
+    pageable.copy_(t, non_blocking=True)
     with pytest.raises(RuntimeError, match="called a synchronizing openreg operation"):
         t.cpu()  # still refused
     sync_debug("default")
     assert t.tolist() == [2.0] * 4
+    dev.synchronize()
+    assert pageable.tolist() == [2.0] * 4
 
 
 def test_sync_debug_mode_is_quiet_on_asynchronous_work(sync_debug):

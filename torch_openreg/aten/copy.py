@@ -74,8 +74,9 @@ def copy_from(src: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False) 
         # The pinned block must not be handed out again before this copy has run.
         host_allocator.record_event(host.untyped_storage().data_ptr(), stream)
     else:
-        # A blocking copy, or pageable host memory: the copy waits for itself (as cudaMemcpy does).
-        if sync_debug.mode:
+        # A blocking copy, or pageable host memory: the copy waits for itself (as cudaMemcpy does). The sync
+        # debug mode reports the blocking ones: CUDA's non_blocking copies are cudaMemcpyAsync, never checked.
+        if sync_debug.mode and not non_blocking:
             sync_debug.check(f"a blocking copy {'from' if to_device else 'to'} the host (aten::_copy_from)")
         if not (_engine_htod(src, dst, blocking=not non_blocking) if to_device else _engine_dtoh(src, dst)):
             device, tensors, args = _kernel_copy(src, dst, to_device)
