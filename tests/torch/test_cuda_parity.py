@@ -186,3 +186,20 @@ def test_training_in_deterministic_mode_matches_cpu(deterministic):
         return [p.detach().cpu() for p in model.parameters()]
 
     torch.testing.assert_close(step("openreg"), step("cpu"))
+
+
+def test_memory_snapshot_takes_cuda_arguments():
+    """``torch.cuda.memory_snapshot(mempool_id=None, include_traces=True)``: openreg's took no argument."""
+    pool = torch.openreg.MemPool()
+    with torch.openreg.use_mem_pool(pool):
+        inside = torch.ones(1000, device="openreg")
+    outside = torch.ones(1000, device="openreg")
+    everything = torch.openreg.memory_snapshot(include_traces=False)
+    assert everything == torch.openreg.memory_snapshot()
+    mine = torch.openreg.memory_snapshot(mempool_id=pool.id)
+    assert mine == pool.snapshot() and len(mine) == 1
+    addresses = [block["address"] for seg in mine for block in seg["blocks"] if block["state"] == "active_allocated"]
+    assert addresses == [inside.data_ptr()]
+    assert outside.data_ptr() not in addresses
+    assert any(block["address"] == outside.data_ptr() for seg in everything for block in seg["blocks"])
+    del inside, outside, pool

@@ -99,9 +99,13 @@ def get_per_process_memory_fraction(device: Any = None) -> float:
     return 1.0 if fraction is None else fraction
 
 
-def memory_snapshot() -> list[dict]:
-    """Every segment of every device with its blocks (``torch.cuda.memory_snapshot``)."""
-    return [seg for i in range(openreg.device_count()) for seg in allocator(i).snapshot()]
+def memory_snapshot(mempool_id: tuple[int, int] | None = None, include_traces: bool = True) -> list[dict]:
+    """Every segment of every device with its blocks (``torch.cuda.memory_snapshot``); with ``mempool_id``, the
+    segments of that pool only. ``include_traces`` is accepted for CUDA's signature: the segments carry no trace."""
+    segments = [seg for i in range(openreg.device_count()) for seg in allocator(i).snapshot()]
+    if mempool_id is None:
+        return segments
+    return [seg for seg in segments if seg["segment_pool_id"] == tuple(mempool_id)]
 
 
 # LITERALINCLUDE START: MEMORY HISTORY API
