@@ -203,3 +203,38 @@ def test_memory_snapshot_takes_cuda_arguments():
     assert outside.data_ptr() not in addresses
     assert any(block["address"] == outside.data_ptr() for seg in everything for block in seg["blocks"])
     del inside, outside, pool
+
+
+def test_graph_api_takes_cuda_graph_arguments(tmp_path):
+    """``torch.cuda.graph(..., check_input_liveness=True)`` and ``CUDAGraph.capture_begin(...,
+    check_input_liveness=...)`` raise at replay once a captured input was freed (openreg always does);
+    ``CUDAGraph.debug_dump(debug_path)`` takes that keyword."""
+    x = torch.ones(16, device="openreg")
+    g = torch.openreg.Graph()
+    g.enable_debug_mode()
+    with torch.openreg.graph(g, check_input_liveness=True):
+        y = x * 3
+    g.replay()
+    torch.testing.assert_close(y.cpu(), torch.full((16,), 3.0))
+    g.debug_dump(debug_path=str(tmp_path / "graph.dot"))
+    assert (tmp_path / "graph.dot").read_text().strip()
+    del x
+    with pytest.raises(RuntimeError, match="captured memory was freed"):
+        g.replay()
+    g.reset()
+    del y
+
+    h = torch.openreg.Graph()
+    side = torch.openreg.Stream()
+    z = torch.ones(4, device="openreg")
+    side.wait_stream(torch.openreg.current_stream())
+    with torch.openreg.stream(side):
+        h.capture_begin(check_input_liveness=True)
+        w = z + 1
+        h.capture_end()
+    h.replay()
+    torch.openreg.current_stream().wait_stream(side)
+    torch.testing.assert_close(w.cpu(), torch.full((4,), 2.0))
+    h.reset()
+    del w
+    torch.openreg.empty_cache()
