@@ -238,3 +238,32 @@ def test_graph_api_takes_cuda_graph_arguments(tmp_path):
     h.reset()
     del w
     torch.openreg.empty_cache()
+
+
+ZERO_DEVICES = '''
+import torch
+o = torch.openreg
+torch.manual_seed(1)                  # safe without a device, as torch.cuda documents
+o.manual_seed(1); o.seed(); o.manual_seed_all(2); o.seed_all()
+print(o.is_available(), o.device_count(), o.is_bf16_supported(), o.is_tf32_supported(), o.is_initialized())
+for call in (o.init, o.current_device, o.initial_seed, o.get_rng_state, o.synchronize, o.memory_allocated,
+             lambda: o.Stream(), lambda: torch.ones(1, device="openreg")):
+    try:
+        call()
+        print("no error")
+    except RuntimeError as e:
+        print(type(e).__name__, e)
+print(torch.randn(2).shape)           # the CPU is unaffected
+'''
+
+
+def test_zero_devices_behave_as_torch_cuda_without_a_gpu(run_python):
+    """With no device, torch.cuda's seeding calls are silently ignored, ``is_bf16_supported`` and
+    ``is_tf32_supported`` are False, and anything that initializes raises "No CUDA GPUs are available".
+    openreg raised IndexError from seeding, a deferred IndexError from ``initial_seed``, and said True."""
+    proc = run_python(ZERO_DEVICES, env={"OPENREG_DEVICE_COUNT": "0"})
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "False 0 False False False"
+    assert lines[1:-1] == ["RuntimeError No openreg devices are available (OPENREG_DEVICE_COUNT is 0)"] * 8
+    assert lines[-1] == "torch.Size([2])"
