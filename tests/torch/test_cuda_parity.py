@@ -267,3 +267,44 @@ def test_zero_devices_behave_as_torch_cuda_without_a_gpu(run_python):
     assert lines[0] == "False 0 False False False"
     assert lines[1:-1] == ["RuntimeError No openreg devices are available (OPENREG_DEVICE_COUNT is 0)"] * 8
     assert lines[-1] == "torch.Size([2])"
+
+
+OVERLAPS = {
+    "out= partly over its input": lambda x: torch.add(x[:-1], 1, out=x[1:]),
+    "in-place with a transposed self": lambda x: x[:4].view(2, 2).add_(x[:4].view(2, 2).t()),
+    "index_put_ from its own slice": lambda x: x.index_put_((torch.tensor([0, 1], device=x.device),), x[1:3]),
+    "copy_ from a shifted view": lambda x: x[1:].copy_(x[:-1]),
+    "copy_ from its transpose": lambda x: x[:4].view(2, 2).copy_(x[:4].view(2, 2).t()),
+    "copy_ into an expanded tensor": lambda x: x[:1].expand(3).copy_(x[3:]),
+}
+
+
+@pytest.mark.parametrize("name", OVERLAPS)
+def test_overlapping_input_and_output_refused_as_on_the_cpu(name):
+    """CPU and CUDA kernels refuse an output that partly overlaps an input (or writes one element twice):
+    ``unsupported operation: ... refer to a single memory location``. openreg's host views of one device
+    storage did not alias each other, so the CPU kernels' checks never fired and the result was garbage
+    (``x[1:].copy_(x[:-1])`` gave zeros); copies queued on a stream failed at the next synchronization."""
+    with pytest.raises(RuntimeError) as cpu:
+        OVERLAPS[name](torch.arange(6.0))
+    x = torch.arange(6.0, device="openreg")
+    for _ in range(2):  # a call shape's first run, then its plan
+        with pytest.raises(RuntimeError) as got:
+            OVERLAPS[name](x)
+        assert not isinstance(got.value, openreg.OpenRegError), got.value
+        assert str(got.value).splitlines()[0] == str(cpu.value).splitlines()[0]
+    torch.openreg.synchronize()
+    torch.testing.assert_close(x.cpu(), torch.arange(6.0))  # untouched
+
+
+def test_disjoint_views_of_one_storage_still_compute():
+    """What the CPU allows stays allowed: the same tensor in place, disjoint or interleaved views."""
+    for device in ("cpu", "openreg"):
+        x = torch.arange(6.0, device=device)
+        x.add_(x)
+        torch.add(x[:2], 1, out=x[2:4])
+        x[::2].copy_(x[1::2])
+        x[1::2].mul_(x[1::2])
+        if device == "cpu":
+            expected = x
+    torch.testing.assert_close(x.cpu(), expected)

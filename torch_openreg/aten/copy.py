@@ -32,6 +32,47 @@ def _check_shapes(src: torch.Tensor, dst: torch.Tensor) -> None:
     """
     if not src.is_nested and src.shape != dst.shape:
         torch.empty(dst.shape, device="meta").copy_(torch.empty(src.shape, device="meta"))
+    if dst.layout != torch.strided:
+        return
+    if 0 in dst.stride() and any(n > 1 and s == 0 for n, s in zip(dst.shape, dst.stride())):
+        raise RuntimeError(_OVERLAP_ERRORS[0])
+    if src.device == dst.device and src.untyped_storage().data_ptr() == dst.untyped_storage().data_ptr():
+        _check_partial_overlap(src, dst)
+
+
+# CPU's and CUDA's copy_ builds a TensorIterator, which refuses a written-to tensor with internal overlap and
+# a source that partly overlaps it (at::assert_no_internal_overlap, at::assert_no_partial_overlap).
+_OVERLAP_ERRORS = (
+    "unsupported operation: more than one element of the written-to tensor refers to a single memory location. "
+    "Please clone() the tensor before performing the operation.",
+    "unsupported operation: some elements of the input tensor and the written-to tensor refer to a single memory "
+    "location. Please clone() the tensor before performing the operation.",
+)
+
+
+def _dense(t: torch.Tensor) -> bool:
+    """``is_non_overlapping_and_dense``: the elements fill one span without gaps, in some order of the dims."""
+    if t.is_contiguous():
+        return True
+    expected = 1
+    for stride, size in sorted((s, n) for n, s in zip(t.shape, t.stride()) if n != 1):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+def _check_partial_overlap(src: torch.Tensor, dst: torch.Tensor) -> None:
+    """at::get_overlap_status of two tensors of one storage: Partial raises; Full (the same span with the same
+    strides) and TooHard (a tensor with gaps) pass, as they do on the CPU."""
+    if not src.numel() or not dst.numel() or not (_dense(src) and _dense(dst)):
+        return
+    a, b = dst.data_ptr(), src.data_ptr()
+    a_end, b_end = a + dst.numel() * dst.element_size(), b + src.numel() * src.element_size()
+    if (a, a_end) == (b, b_end) and src.stride() == dst.stride():
+        return
+    if a < b_end and b < a_end:
+        raise RuntimeError(_OVERLAP_ERRORS[1])
 
 
 # LITERALINCLUDE START: COPY FROM
