@@ -277,15 +277,12 @@ _HOST_WAITS = {
     "boolean index": lambda t: t[t > 0],
     "equal": lambda t: torch.equal(t, t),
     "pageable copy to device": lambda t: t.copy_(torch.ones(4)),
-    "synchronize": lambda t: dev.synchronize(),
     "stream synchronize": lambda t: dev.current_stream().synchronize(),
-    "event synchronize": lambda t: dev.current_stream().record_event().synchronize(),
 }
 _NAMES = {"item": "_local_scalar_dense", "cpu": "blocking copy to the host",
           "tolist": "blocking copy to the host", "nonzero": "aten::nonzero",
           "boolean index": "aten::index", "equal": "_local_scalar_dense|aten::equal",
-          "pageable copy to device": "blocking copy from the host", "synchronize": "synchronize",
-          "stream synchronize": "stream synchronize", "event synchronize": "event synchronize"}
+          "pageable copy to device": "blocking copy from the host", "stream synchronize": "stream synchronize"}
 
 
 @pytest.mark.parametrize("what", list(_HOST_WAITS))
@@ -304,6 +301,28 @@ def test_sync_debug_mode_reports_each_host_wait(what, sync_debug):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         _HOST_WAITS[what](t)
+
+
+def test_sync_debug_mode_is_quiet_on_device_and_event_synchronize(sync_debug):
+    """As CUDA's: ``torch.cuda.synchronize()`` (``device_synchronize``), ``Event.synchronize()`` and
+    ``non_blocking`` copies are not reported; a stream's ``synchronize`` and blocking copies are."""
+    t = torch.ones(4, device="openreg") * 2
+    sync_debug("error")
+    dev.synchronize()
+    dev.synchronize(0)
+    torch.accelerator.synchronize()
+    done = dev.current_stream().record_event()
+    done.synchronize()
+    # a non_blocking copy is CUDA's cudaMemcpyAsync, which the mode does not check, pinned or pageable
+    t.copy_(torch.full((4,), 2.0), non_blocking=True)
+    pageable = torch.empty(4)
+    pageable.copy_(t, non_blocking=True)
+    with pytest.raises(RuntimeError, match="called a synchronizing openreg operation"):
+        t.cpu()  # still refused
+    sync_debug("default")
+    assert t.tolist() == [2.0] * 4
+    dev.synchronize()
+    assert pageable.tolist() == [2.0] * 4
 
 
 def test_sync_debug_mode_is_quiet_on_asynchronous_work(sync_debug):

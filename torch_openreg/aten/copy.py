@@ -23,6 +23,58 @@ def _copy_into(dst_view: torch.Tensor, src: torch.Tensor) -> None:
     dst_view.copy_(src)
 
 
+def _check_shapes(src: torch.Tensor, dst: torch.Tensor) -> None:
+    """Refuse, at the call, a ``src`` that does not broadcast to ``dst``'s shape, with the CPU's message.
+
+    A copy queued on a stream would otherwise fail in its kernel and report at the next synchronization,
+    where CUDA (and the CPU) check shapes on the host before anything runs. The check is ``copy_``'s own,
+    over meta tensors (a few microseconds, paid only when the shapes differ).
+    """
+    if not src.is_nested and src.shape != dst.shape:
+        torch.empty(dst.shape, device="meta").copy_(torch.empty(src.shape, device="meta"))
+    if dst.layout != torch.strided:
+        return
+    if 0 in dst.stride() and any(n > 1 and s == 0 for n, s in zip(dst.shape, dst.stride())):
+        raise RuntimeError(_OVERLAP_ERRORS[0])
+    if src.device == dst.device and src.untyped_storage().data_ptr() == dst.untyped_storage().data_ptr():
+        _check_partial_overlap(src, dst)
+
+
+# CPU's and CUDA's copy_ builds a TensorIterator, which refuses a written-to tensor with internal overlap and
+# a source that partly overlaps it (at::assert_no_internal_overlap, at::assert_no_partial_overlap).
+_OVERLAP_ERRORS = (
+    "unsupported operation: more than one element of the written-to tensor refers to a single memory location. "
+    "Please clone() the tensor before performing the operation.",
+    "unsupported operation: some elements of the input tensor and the written-to tensor refer to a single memory "
+    "location. Please clone() the tensor before performing the operation.",
+)
+
+
+def _dense(t: torch.Tensor) -> bool:
+    """``is_non_overlapping_and_dense``: the elements fill one span without gaps, in some order of the dims."""
+    if t.is_contiguous():
+        return True
+    expected = 1
+    for stride, size in sorted((s, n) for n, s in zip(t.shape, t.stride()) if n != 1):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+def _check_partial_overlap(src: torch.Tensor, dst: torch.Tensor) -> None:
+    """at::get_overlap_status of two tensors of one storage: Partial raises; Full (the same span with the same
+    strides) and TooHard (a tensor with gaps) pass, as they do on the CPU."""
+    if not src.numel() or not dst.numel() or not (_dense(src) and _dense(dst)):
+        return
+    a, b = dst.data_ptr(), src.data_ptr()
+    a_end, b_end = a + dst.numel() * dst.element_size(), b + src.numel() * src.element_size()
+    if (a, a_end) == (b, b_end) and src.stride() == dst.stride():
+        return
+    if a < b_end and b < a_end:
+        raise RuntimeError(_OVERLAP_ERRORS[1])
+
+
 # LITERALINCLUDE START: COPY FROM
 def copy_from(src: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
     """``aten::_copy_from``: copy ``src`` into ``dst`` where either side is openreg.
@@ -34,6 +86,7 @@ def copy_from(src: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False) 
     if openreg.timing.active:  # the timing model prices the copy's launch (torch_openreg/timing)
         timing_costs.price_copy(src, dst, non_blocking)
     if src.get_device() >= 0 and dst.get_device() >= 0:
+        _check_shapes(src, dst)
         if src.device == dst.device:
             launch(dst.device.index, _copy_into, host_view(dst), host_view(src), tensors=(dst, src), writes=(dst,),
                    name="copy_d2d")
@@ -55,14 +108,16 @@ def copy_from(src: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False) 
     to_device = dst.get_device() >= 0
     host = src if to_device else dst
     if non_blocking and host.is_pinned():
+        _check_shapes(src, dst)
         device, tensors, args = _kernel_copy(src, dst, to_device)
         writes = tensors if to_device else ()  # the device side: written from the host, or read to it
         stream, _ = launch(device, _copy_into, *args, tensors=tensors, writes=writes, name="copy_async")
         # The pinned block must not be handed out again before this copy has run.
         host_allocator.record_event(host.untyped_storage().data_ptr(), stream)
     else:
-        # A blocking copy, or pageable host memory: the copy waits for itself (as cudaMemcpy does).
-        if sync_debug.mode:
+        # A blocking copy, or pageable host memory: the copy waits for itself (as cudaMemcpy does). The sync
+        # debug mode reports the blocking ones: CUDA's non_blocking copies are cudaMemcpyAsync, never checked.
+        if sync_debug.mode and not non_blocking:
             sync_debug.check(f"a blocking copy {'from' if to_device else 'to'} the host (aten::_copy_from)")
         if not (_engine_htod(src, dst, blocking=not non_blocking) if to_device else _engine_dtoh(src, dst)):
             device, tensors, args = _kernel_copy(src, dst, to_device)
@@ -157,6 +212,9 @@ def copy_from_and_resize(src: torch.Tensor, dst: torch.Tensor) -> torch.Tensor:
 
 def record_stream(t: torch.Tensor, stream: torch.Stream) -> None:
     """``Tensor.record_stream``: the caching allocator keeps ``t``'s block until ``stream``'s work is done."""
+    if stream.device.type != "openreg":  # as CUDA refuses a stream that is not CUDA's
+        raise RuntimeError(f"record_stream: expected an openreg stream for a tensor on {t.device}, got a stream "
+                           f"on {stream.device}")
     ptr = t.untyped_storage().data_ptr()
     if ptr:
         owner(ptr).record_stream(ptr, openreg.get_stream(stream.device_index, stream.stream_id))

@@ -11,6 +11,9 @@
 #include <ATen/ops/from_blob.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include <mutex>
+#include <unordered_map>
+
 #include "allocator.h"
 #include "bridge.h"
 
@@ -31,6 +34,38 @@ void bind_distributed(py::module& m);
 void bind_profiler(py::module& m);
 
 // LITERALINCLUDE START: HOST VIEW
+// The CPU storage over a device storage's bytes. Host views of one device storage share it while any of
+// them lives, so that the CPU kernels' overlap checks (at::assert_no_partial_overlap and the like, which
+// compare storages) see two views of the same device memory as aliases, as CUDA's checks do: without
+// it, `x[1:].copy_(x[:-1])` or `torch.add(a, 1, out=b)` with overlapping a and b computed garbage.
+c10::Storage host_storage(const c10::Storage& device) {
+  struct Entry {
+    void* base;
+    size_t nbytes;
+    c10::weak_intrusive_ptr<c10::StorageImpl> host;
+  };
+  static std::mutex lock;
+  static std::unordered_map<const c10::StorageImpl*, Entry> shared;
+  void* base = device.mutable_data();
+  size_t nbytes = device.nbytes();
+  std::lock_guard<std::mutex> guard(lock);
+  auto found = shared.find(device.unsafeGetStorageImpl());
+  if (found != shared.end() && found->second.base == base && found->second.nbytes == nbytes) {
+    if (auto alive = found->second.host.lock()) {
+      return c10::Storage(std::move(alive));
+    }
+  }
+  if (shared.size() >= 1024) { // forget the storages no view holds any more
+    for (auto it = shared.begin(); it != shared.end();) {
+      it = it->second.host.expired() ? shared.erase(it) : std::next(it);
+    }
+  }
+  c10::Storage host(c10::Storage::use_byte_size_t(), nbytes, c10::DataPtr(base, c10::Device(c10::kCPU)),
+                    /*allocator=*/nullptr, /*resizable=*/false);
+  shared.insert_or_assign(device.unsafeGetStorageImpl(), Entry{base, nbytes, host.getWeakStorageImpl()});
+  return host;
+}
+
 // A CPU tensor over the same bytes as an openreg tensor (same sizes, strides,
 // offset and dtype): what a kernel computes on while the runtime grants access.
 at::Tensor host_view(const at::Tensor& t) {
@@ -39,12 +74,9 @@ at::Tensor host_view(const at::Tensor& t) {
   if (base == nullptr) {
     return at::empty_strided(t.sizes(), t.strides(), t.options().device(c10::kCPU));
   }
-  auto view = at::for_blob(base, t.sizes())
-                  .strides(t.strides())
-                  .storage_offset(t.storage_offset())
-                  .options(t.options().device(c10::kCPU))
-                  .target_device(c10::Device(c10::kCPU))
-                  .make_tensor();
+  auto view = at::detail::make_tensor<c10::TensorImpl>(host_storage(t.storage()),
+                                                       c10::DispatchKeySet(c10::DispatchKey::CPU), t.dtype());
+  view.unsafeGetTensorImpl()->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
   // The lazy conjugate/negative bits travel with the view: operators that resolve them
   // themselves (copies, dot, mm, ...) receive the tensor unresolved.
   view._set_conj(t.is_conj());

@@ -2,7 +2,10 @@
 // the metadata operators (views, resize_, set_). None of them touches data.
 #include <ATen/EmptyTensor.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/Context.h>
 #include <ATen/native/Resize.h>
+#include <ATen/native/ResizeCommon.h>
+#include <ATen/native/TensorFactories.h>
 #include <ATen/ops/_reshape_alias_native.h>
 #include <ATen/ops/as_strided_native.h>
 #include <ATen/ops/view_native.h>
@@ -24,18 +27,28 @@ c10::Device checked(std::optional<c10::Device> device, std::optional<bool> pin_m
 }
 
 // LITERALINCLUDE START: FACTORY KERNELS
+// torch.use_deterministic_algorithms(True) with torch.utils.deterministic.fill_uninitialized_memory:
+// PyTorch's flag, which its CPU and CUDA factories and resize_ honour by filling new memory with NaN
+// (or the largest integer); every backend's factories must do it themselves.
+bool fill_uninitialized() {
+  auto& context = at::globalContext();
+  return C10_UNLIKELY(context.deterministicAlgorithms() && context.deterministicFillUninitializedMemory());
+}
+
 at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<c10::ScalarType> dtype,
                                std::optional<c10::Layout> layout, std::optional<c10::Device> device,
                                std::optional<bool> pin_memory, std::optional<c10::MemoryFormat> memory_format) {
   auto* allocator = device_allocator(checked(device, pin_memory).index()); // validates the index
-  return at::detail::empty_generic(size, allocator, kKeys, c10::dtype_or_default(dtype), memory_format);
+  at::Tensor t = at::detail::empty_generic(size, allocator, kKeys, c10::dtype_or_default(dtype), memory_format);
+  return fill_uninitialized() ? at::native::fill_empty_deterministic_(t) : t;
 }
 
 at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride, std::optional<c10::ScalarType> dtype,
                          std::optional<c10::Layout> layout, std::optional<c10::Device> device,
                          std::optional<bool> pin_memory) {
   auto* allocator = device_allocator(checked(device, pin_memory).index());
-  return at::detail::empty_strided_generic(size, stride, allocator, kKeys, c10::dtype_or_default(dtype));
+  at::Tensor t = at::detail::empty_strided_generic(size, stride, allocator, kKeys, c10::dtype_or_default(dtype));
+  return fill_uninitialized() ? at::native::fill_empty_deterministic_(t) : t;
 }
 // LITERALINCLUDE END: FACTORY KERNELS
 
@@ -62,9 +75,13 @@ void restride(const at::Tensor& self, c10::IntArrayRef size, std::optional<c10::
 
 const at::Tensor& resize_(const at::Tensor& self, c10::IntArrayRef size,
                           std::optional<c10::MemoryFormat> memory_format) {
+  auto old_nbytes = static_cast<int64_t>(self.storage().nbytes());
   restride(self, size, std::nullopt);
   if (memory_format) {
     self.unsafeGetTensorImpl()->empty_tensor_restride(*memory_format);
+  }
+  if (fill_uninitialized()) {
+    at::native::fill_resize_deterministic_(self, old_nbytes); // the bytes the resize added, as CUDA's resize_
   }
   return self;
 }

@@ -241,8 +241,8 @@ class device_of(device):
 
 
 def is_bf16_supported(including_emulation: bool = True) -> bool:
-    """bfloat16 works on openreg (its kernels are the CPU's)."""
-    return True
+    """bfloat16 works on openreg (its kernels are the CPU's); False without a device, as torch.cuda's."""
+    return is_available()
 
 
 # LITERALINCLUDE START: PEERS AND ARCHITECTURES
@@ -262,8 +262,9 @@ def get_arch_list() -> list[str]:
 
 
 def is_tf32_supported() -> bool:
-    """TF32 matmuls are computed on openreg (``torch.backends.openreg.matmul.allow_tf32``)."""
-    return True
+    """TF32 matmuls are computed on openreg (``torch.backends.openreg.matmul.allow_tf32``); False without a
+    device, as torch.cuda's."""
+    return is_available()
 # LITERALINCLUDE END: PEERS AND ARCHITECTURES
 
 

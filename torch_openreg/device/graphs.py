@@ -171,12 +171,18 @@ class Graph(torch.accelerator.Graph):
                  capture_error_mode: str = "global") -> None:
         super().__init__(keep_graph, pool=pool, capture_error_mode=capture_error_mode)
 
-    def capture_begin(self, pool: tuple[int, int] | None = None, capture_error_mode: str | None = None) -> None:
-        """Begin capturing the current stream's work (``CUDAGraph.capture_begin``)."""
+    def capture_begin(self, pool: tuple[int, int] | None = None, capture_error_mode: str | None = None,
+                      check_input_liveness: bool = False) -> None:
+        """Begin capturing the current stream's work (``CUDAGraph.capture_begin``). ``check_input_liveness`` is
+        always on: a replay after a tensor the graph uses outside its pool was freed raises."""
         torch._C._acceleratorGraph.capture_begin(
             self, pool=self.graph_pool if pool is None else pool,
             capture_error_mode=self.capture_error_mode if capture_error_mode is None else capture_error_mode,
         )
+
+    def debug_dump(self, debug_path: str) -> None:
+        """Write the captured graph (openreg's DOT) to ``debug_path``, after ``enable_debug_mode()``."""
+        super().debug_dump(debug_path)
 
 
 class graph:  # noqa: N801 - torch.cuda.graph's name
@@ -192,7 +198,9 @@ class graph:  # noqa: N801 - torch.cuda.graph's name
     _side_streams: dict[int, torch.Stream] = {}
 
     def __init__(self, openreg_graph: torch.accelerator.Graph, pool: tuple[int, int] | None = None,
-                 stream: torch.Stream | None = None, capture_error_mode: str = "global") -> None:
+                 stream: torch.Stream | None = None, capture_error_mode: str = "global",
+                 check_input_liveness: bool = False) -> None:
+        # check_input_liveness: always on in openreg (a replay after a captured input was freed raises)
         if stream is None:
             device = current_device()
             stream = graph._side_streams.get(device)

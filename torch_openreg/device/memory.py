@@ -99,9 +99,13 @@ def get_per_process_memory_fraction(device: Any = None) -> float:
     return 1.0 if fraction is None else fraction
 
 
-def memory_snapshot() -> list[dict]:
-    """Every segment of every device with its blocks (``torch.cuda.memory_snapshot``)."""
-    return [seg for i in range(openreg.device_count()) for seg in allocator(i).snapshot()]
+def memory_snapshot(mempool_id: tuple[int, int] | None = None, include_traces: bool = True) -> list[dict]:
+    """Every segment of every device with its blocks (``torch.cuda.memory_snapshot``); with ``mempool_id``, the
+    segments of that pool only. ``include_traces`` is accepted for CUDA's signature: the segments carry no trace."""
+    segments = [seg for i in range(openreg.device_count()) for seg in allocator(i).snapshot()]
+    if mempool_id is None:
+        return segments
+    return [seg for seg in segments if seg["segment_pool_id"] == tuple(mempool_id)]
 
 
 # LITERALINCLUDE START: MEMORY HISTORY API
@@ -271,7 +275,12 @@ def list_gpu_processes(device: Any = None) -> str:
 # LITERALINCLUDE START: RAW ALLOCATIONS
 def caching_allocator_alloc(size: int, device: Any = None, stream: Any = None) -> int:
     """Device memory from openreg's allocator, for another framework (``torch.cuda.caching_allocator_alloc``);
-    give it back with :func:`caching_allocator_delete`. ``stream``: where it is used (the current one)."""
+    give it back with :func:`caching_allocator_delete`. ``stream``: where it is used (the current one).
+    ``size`` 0 gives the null pointer, as on CUDA."""
+    if not isinstance(size, int) or isinstance(size, bool):
+        raise TypeError(f"caching_allocator_alloc: size must be an int (bytes), got {type(size).__name__}")
+    if size < 0:
+        raise ValueError(f"caching_allocator_alloc: size must be non-negative, got {size}")
     index = _device(device)
     if stream is None:
         runtime_stream = openreg.current_stream(index)
@@ -283,11 +292,17 @@ def caching_allocator_alloc(size: int, device: Any = None, stream: Any = None) -
         raise TypeError("Invalid type for stream argument, must be `torch.openreg.Stream` or `int` naming a stream")
     if runtime_stream.device != index:
         raise ValueError(f"stream {runtime_stream} is not on openreg:{index}")
-    return _runtime._device_allocators[index].malloc(size, runtime_stream)
+    return _runtime._device_allocators[index].malloc(size, runtime_stream) if size else 0
 
 
 def caching_allocator_delete(mem_ptr: int) -> None:
-    """Free memory from :func:`caching_allocator_alloc` (stream-ordered, like a tensor's free)."""
+    """Free memory from :func:`caching_allocator_alloc` (stream-ordered, like a tensor's free). A pointer the
+    allocator did not hand out (or already took back) is refused, as CUDA's "invalid device pointer"."""
+    if mem_ptr == 0:
+        return  # the null pointer of a 0-byte allocation
+    if not isinstance(mem_ptr, int) or _runtime._owners.get(mem_ptr) is None:
+        raise RuntimeError(f"invalid device pointer: {mem_ptr:#x}" if isinstance(mem_ptr, int)
+                           else f"invalid device pointer: {mem_ptr!r}")
     _runtime.free(mem_ptr)
 
 

@@ -67,6 +67,8 @@ def _lazy_init() -> None:
                 "Cannot re-initialize OpenReg in forked subprocess. To use OpenReg with "
                 "multiprocessing, you must use the 'spawn' start method"
             )
+        if _rt.device_count() == 0:  # as torch.cuda's "No CUDA GPUs are available"; seeds queued stay queued
+            raise RuntimeError("No openreg devices are available (OPENREG_DEVICE_COUNT is 0)")
         _rt.fault.install()
         _initialized = True
         for fn, stack, _ in _queued_calls:

@@ -23,19 +23,41 @@ class _OpenRegType(type):
         return isinstance(obj, cls._base) and obj.device.type == "openreg"
 
 
-class Stream(metaclass=_OpenRegType):
+class Stream(torch.Stream, metaclass=_OpenRegType):
     """``torch.openreg.Stream(device=None, priority=0)``: a ``torch.Stream`` on an openreg device.
 
-    PyTorch's C++ methods of ``torch.Stream``/``torch.Event`` accept only their exact
-    types, so these classes build plain ``torch.Stream``/``torch.Event`` objects
-    instead of subclassing them.
+    A subclass for what ``torch.cuda.Stream`` adds to ``torch.Stream``: ``priority`` (the runtime
+    stream's, so a priority outside :meth:`priority_range` reads back as the nearest one, as on CUDA)
+    and ``priority_range()``. PyTorch's C++ methods take it as a ``torch.Stream``. ``current_stream``
+    and ``default_stream`` return it too, as ``torch.cuda``'s return ``torch.cuda.Stream``.
     """
 
     _base = torch.Stream
 
-    def __new__(cls, device: Any = None, priority: int = 0) -> torch.Stream:
+    def __new__(cls, device: Any = None, priority: int = 0, **kwargs: Any) -> Stream:
+        if "stream_id" in kwargs:  # an existing stream (stream_id, device_index, device_type), as torch.Stream takes
+            return super().__new__(cls, **kwargs)
         _lazy_init()
-        return torch.Stream(device=torch.device("openreg", _index(device)), priority=priority)
+        if isinstance(device, int) and device < 0:
+            device = None  # a negative index is the current device, as torch.cuda.Stream takes it
+        return super().__new__(cls, device=torch.device("openreg", _index(device)), priority=priority)
+
+    @property
+    def priority(self) -> int:
+        """The stream's priority: -1 (high) or 0 (low); lower numbers are higher priorities, as on CUDA."""
+        return openreg.get_stream(self.device_index, self.stream_id).priority
+
+    @staticmethod
+    def priority_range() -> tuple[int, int]:
+        """``(least, greatest)`` priority, as ``torch.cuda.Stream.priority_range()``: ``(0, -1)``."""
+        return openreg.PRIORITY_LOW, openreg.PRIORITY_HIGH
+
+
+_OPENREG_TYPE = torch._C._autograd.DeviceType.PrivateUse1.value  # what torch.Stream.device_type holds for openreg
+
+
+def _as_stream(s: torch.Stream) -> Stream:
+    return Stream(stream_id=s.stream_id, device_index=s.device_index, device_type=s.device_type)
 
 
 class Event(metaclass=_OpenRegType):
@@ -49,21 +71,27 @@ class Event(metaclass=_OpenRegType):
 
 
 # LITERALINCLUDE START: CURRENT STREAM
-def current_stream(device: Any = None) -> torch.Stream:
+def current_stream(device: Any = None) -> Stream:
     """The calling thread's current stream on a device."""
     _lazy_init()
-    return torch._C._accelerator_getStream(_index(device))
+    return _as_stream(torch._C._accelerator_getStream(_index(device)))
 
 
-def default_stream(device: Any = None) -> torch.Stream:
+def default_stream(device: Any = None) -> Stream:
     """The default stream (id 0) of a device."""
     s = current_stream(device)
-    return torch.Stream(stream_id=0, device_index=s.device_index, device_type=s.device_type)
+    return Stream(stream_id=0, device_index=s.device_index, device_type=s.device_type)
+
+
+def _check_openreg(stream: torch.Stream) -> None:
+    if stream.device_type != _OPENREG_TYPE:
+        raise ValueError(f"expected an openreg stream, got a stream on {stream.device}")
 
 
 def set_stream(stream: torch.Stream) -> None:
     """Make ``stream`` the current stream of its device."""
     if stream is not None:
+        _check_openreg(stream)
         torch._C._accelerator_setStream(stream)
 
 
@@ -71,6 +99,8 @@ class stream:
     """Context manager selecting a stream (and its device), like ``torch.cuda.stream``."""
 
     def __init__(self, stream: torch.Stream | None) -> None:
+        if stream is not None:
+            _check_openreg(stream)
         self.stream = stream
 
     def __enter__(self) -> torch.Stream | None:
@@ -90,7 +120,7 @@ class stream:
 StreamContext = stream  # torch.cuda's name for the same context manager
 
 
-def ExternalStream(stream_id: int, device: Any = None) -> torch.Stream:  # noqa: N802 - torch.cuda's class name
+def ExternalStream(stream_id: int, device: Any = None) -> Stream:  # noqa: N802 - torch.cuda's class name
     """A ``torch.Stream`` for a stream created directly with the runtime (``openreg.Stream``).
 
     Like ``torch.cuda.ExternalStream``, PyTorch does not own it: the runtime stream object must stay
@@ -98,7 +128,7 @@ def ExternalStream(stream_id: int, device: Any = None) -> torch.Stream:  # noqa:
     """
     index = _index(device)
     openreg.get_stream(index, stream_id)  # raises INVALID_HANDLE for an unknown stream
-    return torch.Stream(stream_id=stream_id, device_index=index, device_type=current_stream(index).device_type)
+    return Stream(stream_id=stream_id, device_index=index, device_type=current_stream(index).device_type)
 
 
 def get_stream_from_external(data_ptr: int, device: Any = None) -> torch.Stream:
