@@ -308,3 +308,18 @@ def test_disjoint_views_of_one_storage_still_compute():
         if device == "cpu":
             expected = x
     torch.testing.assert_close(x.cpu(), expected)
+
+
+@pytest.mark.parametrize("reduction", ["max", "min"])
+def test_full_reduction_of_an_empty_tensor_is_refused_as_on_the_cpu(reduction):
+    """``max()``/``min()`` of an empty tensor raise the CPU's error (their ``unary_out`` kernels would return
+    -inf/inf); reductions over a dimension of an empty tensor still work."""
+    with pytest.raises(RuntimeError) as cpu:
+        getattr(torch.empty(0), reduction)()
+    for _ in range(2):  # the first call of a call shape, then a later one
+        with pytest.raises(RuntimeError, match="Expected reduction dim") as dev:
+            getattr(torch.empty(0, device="openreg"), reduction)()
+        assert str(dev.value) == str(cpu.value)
+    x = torch.tensor([[3.0, -1.0, 2.0]])
+    torch.testing.assert_close(getattr(x.to("openreg"), reduction)().cpu(), getattr(x, reduction)())
+    assert getattr(torch.empty(0, 3, device="openreg"), reduction)(1).values.shape == (0,)

@@ -35,8 +35,13 @@ def out_overload(op: torch._ops.OpOverload, traits: OpTraits) -> tuple[torch._op
         names = tuple(a.name for a in out_args if a.kwarg_only and a.alias_info and a.alias_info.is_write)
         rest = [(a.name, str(a.type)) for a in out_args if a.name not in names]
         if names and rest == inputs and len(names) == len(traits.returns):
-            return None if _copies_after_all(out_op) else (out_op, names)
+            return None if _copies_after_all(out_op) or out_op.name() in _UNCHECKED else (out_op, names)
     return None
+
+
+# out= kernels without their functional operator's argument checks: the CPU's functional ``max()`` and
+# ``min()`` refuse an empty tensor, their ``unary_out`` kernels return -inf / inf for it
+_UNCHECKED = {"aten::max.unary_out", "aten::min.unary_out"}
 
 
 def _copies_after_all(out_op: torch._ops.OpOverload) -> bool:
