@@ -9,6 +9,7 @@ id and never frees them, the same way CUDA's stream pool works.
 from __future__ import annotations
 
 import itertools
+import threading
 
 import openreg
 
@@ -26,9 +27,10 @@ set_device = openreg.set_device
 exchange_device = openreg.exchange_device
 check_device = openreg.device.check_device
 
-_POOL_SIZE = 4  # streams per priority per device (CUDA keeps 32; worker threads start lazily)
+_POOL_SIZE = 32  # streams per priority per device, as CUDA's pools (made when first handed out)
 _pools: dict[tuple[int, bool], list[openreg.Stream]] = {}
 _next: dict[tuple[int, bool], itertools.count] = {}
+_pools_lock = threading.Lock()
 
 
 def _dev(device: int) -> int:
@@ -158,12 +160,16 @@ def pool_stream(device: int, high_priority: bool) -> int:
     """A stream from the device's round-robin pool (``getStreamFromGlobalPool``)."""
     device = _dev(device)
     key = (device, bool(high_priority))
-    pool = _pools.get(key)
-    if pool is None:
-        priority = openreg.PRIORITY_HIGH if high_priority else openreg.PRIORITY_LOW
-        pool = _pools[key] = [openreg.Stream(device, priority) for _ in range(_POOL_SIZE)]
-        _next[key] = itertools.count()
-    return pool[next(_next[key]) % _POOL_SIZE].id
+    with _pools_lock:
+        pool = _pools.get(key)
+        if pool is None:
+            pool = _pools[key] = []
+            _next[key] = itertools.count()
+        i = next(_next[key]) % _POOL_SIZE
+        if i == len(pool):  # streams are made as the pool is first gone through: a device synchronize
+            priority = openreg.PRIORITY_HIGH if high_priority else openreg.PRIORITY_LOW  # walks only those
+            pool.append(openreg.Stream(device, priority))
+        return pool[i].id
 
 
 def current_stream(device: int) -> int:

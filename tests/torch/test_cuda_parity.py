@@ -323,3 +323,15 @@ def test_full_reduction_of_an_empty_tensor_is_refused_as_on_the_cpu(reduction):
     x = torch.tensor([[3.0, -1.0, 2.0]])
     torch.testing.assert_close(getattr(x.to("openreg"), reduction)().cpu(), getattr(x, reduction)())
     assert getattr(torch.empty(0, 3, device="openreg"), reduction)(1).values.shape == (0,)
+
+
+def test_stream_pool_has_cudas_32_streams_per_priority():
+    """``torch.cuda.Stream()`` takes the next of 32 pooled streams per priority (kStreamsPerPool): 32 in a row
+    are different streams (they run side by side), the 33rd is the first again."""
+    for priority in (0, -1):
+        first = torch.openreg.Stream(priority=priority)
+        rest = [torch.openreg.Stream(priority=priority) for _ in range(31)]
+        ids = {first.stream_id, *(s.stream_id for s in rest)}
+        assert len(ids) == 32 and 0 not in ids
+        assert torch.openreg.Stream(priority=priority).stream_id == first.stream_id
+        assert all(s.priority == priority for s in rest)
