@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import subprocess
 import sys
@@ -10,6 +11,13 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """What collection imported (torch, transformers, the test modules) lives for the whole run: freezing it
+    keeps every later ``gc.collect()`` (the leak checks make hundreds) from walking it again."""
+    gc.collect()
+    gc.freeze()
 
 
 def _no_core_dumps() -> None:
