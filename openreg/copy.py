@@ -127,8 +127,7 @@ class _CopyEngine:
     def read_into(self, ptr: int, nbytes: int, host: int) -> None:
         """Read ``nbytes`` at device address ``ptr`` straight into host memory at ``host`` (one ``pread``: a
         ``.cpu()`` or ``.item()`` of a few bytes costs the system call, not a buffer object around it)."""
-        fd = self.fd if self.fd is not None else self._file()
-        if nbytes and libc.pread(fd, host, nbytes, ptr) != nbytes:
+        if nbytes and libc.pread(self._file(), host, nbytes, ptr) != nbytes:
             raise OpenRegError(ErrorCode.LAUNCH_FAILURE, f"copy engine: short read of {nbytes} bytes at 0x{ptr:x}")
 
     def write(self, ptr: int, data) -> None:
@@ -156,10 +155,7 @@ def memcpy_dtoh(src: int, nbytes: int, stream: Stream | None = None, name: str =
     ``about``: what the bytes hold, for a stream sanitizer report (the client's describer reads it)."""
     if not _engine.available:
         return None
-    stream = _device_extent(src, nbytes, stream)
-    stream.refuse_in_capture(name)
-    stream.synchronize()
-    _checked(stream, src, nbytes, False, name, about)
+    stream = _ready_to_read(src, nbytes, stream, name, about)
     return stream.transfer(name, _engine.read, src, nbytes)
 
 
@@ -171,12 +167,19 @@ def memcpy_dtoh_into(dst: int, src: int, nbytes: int, stream: Stream | None = No
     if not _engine.available:
         return False
     _side(dst, nbytes, False, "destination")
+    stream = _ready_to_read(src, nbytes, stream, name, about)
+    stream.transfer(name, _engine.read_into, src, nbytes, dst)
+    return True
+
+
+def _ready_to_read(src: int, nbytes: int, stream: Stream | None, name: str, about: object) -> Stream:
+    """Before the engine reads ``nbytes`` at ``src``: the stream that orders the read has done its earlier
+    work (run here, its errors reported) and the stream sanitizer has checked the read; that stream."""
     stream = _device_extent(src, nbytes, stream)
     stream.refuse_in_capture(name)
     stream.synchronize()
     _checked(stream, src, nbytes, False, name, about)
-    stream.transfer(name, _engine.read_into, src, nbytes, dst)
-    return True
+    return stream
 
 
 def memcpy_htod(dst: int, data, stream: Stream | None = None, name: str = "memcpy", about: object = None,

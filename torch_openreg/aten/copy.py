@@ -34,7 +34,7 @@ def _check_shapes(src: torch.Tensor, dst: torch.Tensor) -> None:
         torch.empty(dst.shape, device="meta").copy_(torch.empty(src.shape, device="meta"))
     if dst.layout != torch.strided:
         return
-    if 0 in dst.stride() and any(n > 1 and s == 0 for n, s in zip(dst.shape, dst.stride())):
+    if torch._debug_has_internal_overlap(dst) == 1:  # at::has_internal_overlap says MemOverlap::Yes
         raise RuntimeError(_OVERLAP_ERRORS[0])
     if src.device == dst.device and src.untyped_storage().data_ptr() == dst.untyped_storage().data_ptr():
         _check_partial_overlap(src, dst)
@@ -176,15 +176,15 @@ def _same_bytes(src: torch.Tensor, dst: torch.Tensor) -> bool:
             and not (src.is_conj() or src.is_neg() or dst.is_conj() or dst.is_neg()) and not dst.is_quantized)
 
 
-def _engine_dtoh(src: torch.Tensor, dst: torch.Tensor) -> bool:
+def _engine_dtoh(src: torch.Tensor, dst: torch.Tensor, name: str = "copy") -> bool:
     """A small device-to-host copy through the copy engine: no kernel, no page opened to the host. Where
     ``dst`` takes the bytes as they are, the engine reads straight into it."""
     if _same_bytes(src, dst):
         nbytes = _extent(src)
         if nbytes and nbytes == dst.numel() * dst.element_size():
             stream = openreg.current_stream(src.device.index)
-            return openreg.memcpy_dtoh_into(dst.data_ptr(), src.data_ptr(), nbytes, stream, "copy", about=src)
-    host = _read(src)
+            return openreg.memcpy_dtoh_into(dst.data_ptr(), src.data_ptr(), nbytes, stream, name, about=src)
+    host = _read(src, name)
     if host is None:
         return False
     _C._cpu_alias(dst).copy_(host)
@@ -222,16 +222,12 @@ def record_stream(t: torch.Tensor, stream: torch.Stream) -> None:
 
 def _read_scalar(t: torch.Tensor) -> torch.Tensor | None:
     """``t``'s one value in a host tensor, read by the copy engine straight into it; None when the engine does
-    not apply. (Lazy conjugate or negative bits, and a tensor of more than one element, whose ``.item()``
-    raises, take :func:`_read`.)"""
-    if t.numel() != 1 or t.is_conj() or t.is_neg():
+    not apply. (Lazy conjugate or negative bits, a quantized tensor, and a tensor of more than one element,
+    whose ``.item()`` raises, take :func:`_read`.)"""
+    if t.numel() != 1 or t.is_conj() or t.is_neg() or t.is_quantized:
         return _read(t, "item")
-    nbytes = _extent(t)
-    if nbytes is None:
-        return None
-    host = torch.empty((), dtype=t.dtype)
-    stream = openreg.current_stream(t.device.index)
-    return host if openreg.memcpy_dtoh_into(host.data_ptr(), t.data_ptr(), nbytes, stream, "item", about=t) else None
+    host = torch.empty(t.shape, dtype=t.dtype)
+    return host if _engine_dtoh(t, host, "item") else None
 
 
 # LITERALINCLUDE START: LOCAL SCALAR DENSE
