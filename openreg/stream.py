@@ -229,10 +229,7 @@ class _Queue:
                     if owner == -1:
                         self._wait()
                         continue
-                    item = items.popleft()
-                    self.busy = True
-                    if not items:
-                        self.hurried = False  # drained here: later launches wait for the host's pause again
+                    item = self._take()
                     ahead = None
                     if seq > self.ahead:  # once per wait: the queue is scanned once, not once per item
                         if items:
@@ -313,14 +310,20 @@ class _Queue:
                     self.wake.wait(timeout)
                     self.idle = False
                     nap = min(2 * nap, _NAP_MAX)
-                item = self.items.popleft()
-                self.busy = True
-                if not self.items:
-                    self.hurried = False
+                item = self._take()
             nap = _IDLE
             self.run(item)
             del item
     # LITERALINCLUDE END: STREAM SERVE
+
+    def _take(self) -> _Item:
+        """The next item, now running (with the lock held); once the queue is drained, later launches wait for
+        the host's pause again (:meth:`hurry` was for the work queued then)."""
+        item = self.items.popleft()
+        self.busy = True
+        if not self.items:
+            self.hurried = False
+        return item
 
     def hurry(self) -> None:
         """A host waits for the whole device and runs another stream's queue itself: this worker starts on its
@@ -483,10 +486,7 @@ class Stream:
 
     def synchronize(self) -> None:
         """Wait for all work launched so far, then report a kernel error if one happened."""
-        seq = self._q.launched
-        self._q.wait_for(seq)
-        if sanitizer.enabled:
-            sanitizer.host_waits(self._q, seq)
+        self.wait_for(self._q.launched)
         self.check_error()
 
     def check_error(self) -> None:

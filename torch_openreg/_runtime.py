@@ -58,7 +58,7 @@ def is_pinned(ptr: int) -> bool:
 
 def supported_dtypes(device: int) -> list:
     """The dtypes of ``torch.accelerator.get_device_capability`` (``torch_openreg.device.state`` lists them)."""
-    openreg.get_device_properties(_dev(device))  # an unknown device raises INVALID_DEVICE
+    check_device(_dev(device))  # an unknown device raises INVALID_DEVICE
     return SUPPORTED_DTYPES
 
 

@@ -36,7 +36,7 @@ def test_copy_of_wrong_shape_raises_at_the_call(kind, dst_shape, src_shape):
     """CUDA checks a copy's shapes on the host: ``copy_`` raises the CPU's error before anything is queued,
     not a launch failure at the next synchronization."""
     if kind == "peer" and torch.openreg.device_count() < 2:
-        pytest.skip("needs two openreg devices")
+        pytest.skip("needs at least two openreg devices (OPENREG_DEVICE_COUNT >= 2)")
     dst, src = COPIES[kind](dst_shape, src_shape)
     with pytest.raises(RuntimeError) as info:
         dst.copy_(src, non_blocking=True)

@@ -53,9 +53,6 @@ class Stream(torch.Stream, metaclass=_OpenRegType):
         return openreg.PRIORITY_LOW, openreg.PRIORITY_HIGH
 
 
-_OPENREG_TYPE = torch._C._autograd.DeviceType.PrivateUse1.value  # what torch.Stream.device_type holds for openreg
-
-
 def _as_stream(s: torch.Stream) -> Stream:
     return Stream(stream_id=s.stream_id, device_index=s.device_index, device_type=s.device_type)
 
@@ -84,7 +81,7 @@ def default_stream(device: Any = None) -> Stream:
 
 
 def _check_openreg(stream: torch.Stream) -> None:
-    if stream.device_type != _OPENREG_TYPE:
+    if not isinstance(stream, Stream):  # (the metaclass's test: a torch.Stream on an openreg device)
         raise ValueError(f"expected an openreg stream, got a stream on {stream.device}")
 
 
