@@ -215,15 +215,16 @@ def _key_cases():
 @pytest.mark.parametrize("placed", [True, False], ids=["placed", "not placed"])
 @pytest.mark.parametrize("name", list(_key_cases()))
 def test_python_and_the_bridge_give_one_call_shape(name, placed):
-    """``arguments.call_key`` and ``_C._describe_call`` describe a call with the same key: the call shapes of
-    the mechanism (routes, meta cache) and the call plans are one."""
+    """``arguments.arguments_key`` and ``_C._describe_call`` describe a call's arguments with the same key: the
+    call shapes of the mechanism (routes, meta cache) and the call plans are one."""
     from torch_openreg import _C
 
     args, kwargs, by_type = _key_cases()[name]
     described = _C._describe_call(args, kwargs, by_type, placed)
     assert described is not None
-    assert described[0] == arguments.call_key(args, kwargs, by_type, placed)
-    assert hash(described[0]) == hash(arguments.call_key(args, kwargs, by_type, placed))
+    assert described[0] == arguments.arguments_key(args, kwargs, by_type, placed)
+    assert hash(described[0]) == hash(arguments.arguments_key(args, kwargs, by_type, placed))
+    assert arguments.call_key(args, kwargs, by_type, placed) == (arguments.global_state(), described[0])
 
 
 def test_call_shapes_tell_apart_what_shapes_outputs():

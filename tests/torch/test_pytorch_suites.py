@@ -124,3 +124,45 @@ def test_an_engine_read_reports_an_earlier_kernel_error_first(asynchronous):
         t[0].item()
     del bad
     assert t[0].item() == 1.0  # reported once
+
+
+# test_type_promotion: a call shape's cached metadata and plan were kept across torch.set_default_dtype, so an
+# integer division after switching back to float32 still returned float64. Every cache of the fallback keys on
+# the process-wide settings an operator's result depends on (arguments.global_state).
+_DEFAULT_DTYPE_CALLS = {
+    "true division": lambda a, b: a / b,
+    "times a float": lambda a, b: a * 2.5,
+    "mean of a float cast": lambda a, b: torch.true_divide(a, 3),
+    "arange of floats": lambda a, b: torch.arange(0.0, 3.0, device=a.device),
+}
+
+
+@pytest.mark.parametrize("name", list(_DEFAULT_DTYPE_CALLS))
+def test_results_follow_the_default_dtype_after_it_changes(name, no_leak):
+    call = _DEFAULT_DTYPE_CALLS[name]
+    a, b = torch.tensor([5, 7, 9]), torch.tensor([2, 2, 4])
+    da, db = a.to("openreg"), b.to("openreg")
+    previous = torch.get_default_dtype()
+    try:
+        for dtype in (torch.float32, torch.float64, torch.float32, torch.float64, torch.float32):
+            torch.set_default_dtype(dtype)
+            for _ in range(3):  # the checked first call, the planned/queued ones after it
+                got, expected = call(da, db), call(a, b)
+                assert got.dtype == expected.dtype == dtype, (name, dtype)
+                torch.testing.assert_close(got.cpu(), expected)
+    finally:
+        torch.set_default_dtype(previous)
+
+
+def test_deterministic_mode_is_part_of_the_call_shape():
+    from torch_openreg.aten import arguments
+
+    x = torch.ones(3, device="openreg")
+    before = arguments.call_key((x,), {})
+    previous = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(not previous)
+    try:
+        assert arguments.call_key((x,), {}) != before
+    finally:
+        torch.use_deterministic_algorithms(previous)
+    assert arguments.call_key((x,), {}) == before

@@ -64,7 +64,29 @@ _DEVICES = [torch.device("openreg", i) for i in range(openreg.device_count())]
 
 # LITERALINCLUDE START: CALL KEY
 def call_key(args: tuple, kwargs: dict, numbers_by_type: bool = False, placed: bool = True) -> tuple | None:
-    """The call shape: everything output metadata and the CPU kernel's checks depend on, one flat tuple.
+    """The call shape: everything output metadata and the CPU kernel's checks depend on: the process-wide
+    settings that change an operator's result (:func:`global_state`) and the arguments' key
+    (:func:`arguments_key`). Every cache of the fallback is keyed by it. None when the call cannot be keyed."""
+    key = arguments_key(args, kwargs, numbers_by_type, placed)
+    return None if key is None else (global_state(), key)
+
+
+def global_state() -> tuple:
+    """The process-wide settings an operator's outputs depend on besides its arguments: the default dtype
+    (``int_tensor / 2``, ``int_tensor * 2.5`` and factories of Python floats take it), and deterministic
+    mode (which makes some kernels raise or choose other algorithms). A cache keyed without them would
+    serve a float64 result after ``torch.set_default_dtype(torch.float32)``. Thread-local state (grad mode,
+    autocast, dispatch keys) is resolved above the fallback; values such as matmul precision flags are read
+    by the CPU kernel each time it runs, so no cache holds them."""
+    return (_default_dtype(), _deterministic())
+
+
+_default_dtype = torch.get_default_dtype
+_deterministic = torch._C._get_deterministic_algorithms
+
+
+def arguments_key(args: tuple, kwargs: dict, numbers_by_type: bool = False, placed: bool = True) -> tuple | None:
+    """The arguments' part of the call shape, one flat tuple.
 
     An openreg tensor is ``(device index, dtype, conj | neg << 1, storage offset, storage bytes,
     *sizes, *strides)``, the offset and bytes 0 unless ``placed`` (``OpTraits.placed``: only views and

@@ -17,7 +17,7 @@ import torch
 
 from torch_openreg import _C
 
-from ..arguments import tensors_of
+from ..arguments import global_state, tensors_of
 from ..fallback import UNKNOWN, Call, host_args, launch_copy, match, pack, pairs, write_set
 from ..launch import detach_frames, launch_extents
 from ..traits import Kind, OpTraits, traits_of
@@ -159,7 +159,7 @@ def run_known(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
     if described is None:  # an argument only the general path takes (a CPU tensor that is not a 0-dim scalar)
         return UNKNOWN
     try:
-        plan = entry.plans.get(described[0])
+        plan = entry.plans.get((global_state(), described[0]))  # arguments.call_key's form
     except TypeError:  # an unhashable argument
         return UNKNOWN
     if plan is None:
