@@ -166,3 +166,48 @@ def test_deterministic_mode_is_part_of_the_call_shape():
     finally:
         torch.use_deterministic_algorithms(previous)
     assert arguments.call_key((x,), {}) == before
+
+
+# nn/test_embedding.py test_EmbeddingBag_per_sample_weights_and_no_offsets: the sparse gradient of an
+# EmbeddingBag is built by the CPU kernel on its input's indices; read after the kernel's launch, it was a host
+# access to device memory (a segmentation fault). Results that alias device memory are copied out in the launch.
+@pytest.mark.parametrize("sparse", [True, False], ids=["sparse", "dense"])
+@pytest.mark.parametrize("trainable", [True, False], ids=["trainable", "fixed"])
+def test_embedding_bag_per_sample_weights_backward_equals_the_cpu(sparse, trainable, no_leak):
+    torch.manual_seed(0)
+    weight, indices = torch.randn(5, 3), torch.randint(5, (2, 7))
+    per_sample = torch.randn(2, 7)
+    grads = []
+    for device in ("cpu", "openreg"):
+        bag = torch.nn.EmbeddingBag.from_pretrained(weight.clone(), freeze=False, mode="sum", sparse=sparse)
+        bag = bag.to(device)
+        psw = per_sample.to(device).detach().requires_grad_(trainable)
+        out = bag(indices.to(device), per_sample_weights=psw)
+        (out * torch.arange(3.0, device=device)).sum().backward()
+        grad = bag.weight.grad
+        assert grad.layout == (torch.sparse_coo if sparse else torch.strided)
+        grads.append((out.detach().cpu(), grad.to_dense().cpu(), psw.grad.cpu() if trainable else None))
+        del bag, psw, out, grad
+    for got, expected in zip(grads[1], grads[0]):
+        torch.testing.assert_close(got, expected)
+
+
+# The OpInfo sweep's sparse.mm(csr, b, "amax") then backward: the CPU kernel keeps the argmax indices its backward
+# reads only when grad mode is on and an input requires grad; the sparse host path ran it with neither, and the
+# backward read an empty index tensor (a segmentation fault, no report).
+@pytest.mark.parametrize("reduce", ["amax", "amin", "sum", "mean"])
+def test_sparse_mm_reduce_backward_equals_the_cpu(reduce, no_leak):
+    torch.manual_seed(0)
+    dense = torch.randn(4, 5)
+    dense[dense < 0] = 0
+    other = torch.randn(5, 3)
+    results = []
+    for device in ("cpu", "openreg"):
+        a = dense.to_sparse_csr().to(device).requires_grad_()
+        b = other.to(device).detach().requires_grad_()
+        y = torch.sparse.mm(a, b, reduce)
+        y.sum().backward()
+        results.append((y.detach().cpu(), b.grad.cpu(), a.grad.to_dense().cpu()))
+        del a, b, y
+    for got, expected in zip(results[1], results[0]):
+        torch.testing.assert_close(got, expected)

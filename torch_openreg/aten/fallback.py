@@ -45,6 +45,7 @@ from .arguments import (
     wrap_numbers,
 )
 from .launch import detach_frames, host_view, launch, run_sync
+from .sparse import members
 from .traits import Kind, OpTraits, traits_of
 
 
@@ -340,10 +341,11 @@ def _run_now(call: Call) -> Any:
     for name in call.traits.out_args:
         if cpu_kwargs.get(name) is not None:
             outs[name] = cpu_kwargs[name] = map_tensors(call.kwargs[name], lambda t: torch.empty(0, dtype=t.dtype))
+    fresh = [ret.kind is Kind.FRESH for ret in call.traits.returns]
     try:
-        result = run_sync(call.device.index, lambda: call.op(*cpu_args, **cpu_kwargs), tensors=call.tensors,
-                          name=call.traits.name, writes=write_set(call.traits, call.args, call.kwargs),
-                          host_sync=call.traits.host_waits)
+        result = run_sync(call.device.index, _owned_results, call.op, cpu_args, cpu_kwargs, fresh,
+                          tensors=call.tensors, name=call.traits.name,
+                          writes=write_set(call.traits, call.args, call.kwargs), host_sync=call.traits.host_waits)
     except BaseException:
         cpu_args = cpu_kwargs = None  # this frame stays in the traceback: it must not show the host views
         raise
@@ -363,6 +365,28 @@ def _run_now(call: Call) -> Any:
         else:
             final.append(call.traits.value(call.args, call.kwargs, ret.arg))
     return pack(final)
+
+
+def _owned_results(op: torch._ops.OpOverload, args: tuple, kwargs: dict, fresh: list[bool]) -> Any:
+    """The CPU kernel, run now; then each fresh result that still points into device memory copied out, here,
+    inside the launch, where the host views may be read. A CPU kernel may return an input as it is, or build
+    a result on it (``_embedding_bag_backward``'s sparse gradient keeps its indices): read after the launch,
+    such a result would be a host access to device memory."""
+    result = op(*args, **kwargs)
+    if not any(fresh):
+        return result
+    inside = {t.untyped_storage().data_ptr() for t in tensors_of(args, kwargs) if t.layout == torch.strided}
+    results = [result] if len(fresh) == 1 else list(result)
+    owned = [map_tensors(r, lambda t: t.clone() if _aliases(t, inside) else t) if is_fresh else r
+             for r, is_fresh in zip(results, fresh)]
+    return owned[0] if len(fresh) == 1 else tuple(owned)
+
+
+def _aliases(t: torch.Tensor, storages: set[int]) -> bool:
+    """Whether ``t``'s data (a sparse tensor's components) lies in one of ``storages``."""
+    if t.layout == torch.strided:
+        return not t._is_zerotensor() and t.untyped_storage().data_ptr() in storages
+    return any(_aliases(m, storages) for m in members(t))
 
 
 def _host_alias_to_device(t: torch.Tensor, base: torch.Tensor, device: torch.device) -> torch.Tensor:

@@ -94,7 +94,11 @@ def _kernel(op, args, kwargs, inplace: list[bool], parts, validate) -> list | No
         for t in given:
             validate(t)
     device_memory = {p.untyped_storage().data_ptr() for t in given for p in parts(t)}
-    result = op(*args, **kwargs)
+    # Grad mode as the CPU kernel would see it below autograd (the kernel scope excludes the autograd keys, so
+    # nothing records history): some layout kernels keep what their backward needs only when it is on and an
+    # input requires grad (``_sparse_mm_reduce_impl``'s argmax indices), and the host forms mirror requires_grad.
+    with torch.enable_grad():
+        result = op(*args, **kwargs)
     if not inplace:
         return None
     owned = []

@@ -110,7 +110,7 @@ def register(fallbacks: torch.library.Library, aten: torch.library.Library) -> i
 
 
 # LITERALINCLUDE START: SPARSE HOST PATH
-def _members(t: torch.Tensor) -> list[torch.Tensor]:
+def members(t: torch.Tensor) -> list[torch.Tensor]:
     """The dense tensors a tensor's data lives in."""
     if t.layout == torch.sparse_coo:
         return [t._indices(), t._values()]
@@ -128,13 +128,17 @@ def _on_host(value: Any) -> Any:
     if not isinstance(value, torch.Tensor) or value.device.type == "cpu":
         return value
     if value.layout == torch.sparse_coo:
-        indices, values = (host_view(m) for m in _members(value))
-        return torch.ops.aten._sparse_coo_tensor_unsafe(indices, values, value.shape,
+        indices, values = (host_view(m) for m in members(value))
+        host = torch.ops.aten._sparse_coo_tensor_unsafe(indices, values, value.shape,
                                                          is_coalesced=value.is_coalesced())
-    if value.layout in _COMPRESSED:
-        return torch.ops.aten._sparse_compressed_tensor_unsafe(*(host_view(m) for m in _members(value)),
+    elif value.layout in _COMPRESSED:
+        host = torch.ops.aten._sparse_compressed_tensor_unsafe(*(host_view(m) for m in members(value)),
                                                                value.shape, layout=value.layout)
-    return host_view(value)
+    else:
+        host = host_view(value)
+    # Some CPU kernels decide what to compute from requires_grad (``_sparse_mm_reduce_impl`` keeps the argmax
+    # indices its backward reads only for inputs that require grad): the host form says what the tensor does.
+    return host.requires_grad_() if value.requires_grad and host.is_leaf else host
 
 
 def _validate(t: torch.Tensor) -> None:
@@ -144,9 +148,9 @@ def _validate(t: torch.Tensor) -> None:
     if t.layout == torch.sparse_coo:
         torch._validate_sparse_coo_tensor_args(t._indices(), t._values(), t.shape)
     elif t.layout in _COMPRESSED:
-        torch._validate_sparse_compressed_tensor_args(*_members(t), t.shape, t.layout)
+        torch._validate_sparse_compressed_tensor_args(*members(t), t.shape, t.layout)
 
 
 def _host_path(op, traits: OpTraits, args: tuple, kwargs: dict) -> Any:
-    return host_path.run(op, traits, args, kwargs, on_host=_on_host, parts=_members, validate=_validate)
+    return host_path.run(op, traits, args, kwargs, on_host=_on_host, parts=members, validate=_validate)
 # LITERALINCLUDE END: SPARSE HOST PATH
