@@ -18,7 +18,7 @@ import torch
 
 from torch_openreg.device import sync_debug
 
-from .launch import run_sync
+from .launch import detach_frames, run_sync
 from .traits import Kind, OpTraits
 
 
@@ -53,10 +53,14 @@ def run(op: torch._ops.OpOverload, traits: OpTraits, args: tuple, kwargs: dict, 
     ``parts(t)`` lists the dense tensors a tensor's data lives in (the storages the launch opens);
     ``validate(t)``, if given, checks each host-side argument before the kernel trusts it.
     """
-    if sync_debug.mode:  # the host waits for what the simulator needs; reported where CUDA would wait too
-        with sync_debug.reported(op.name() if traits.host_waits else None):
-            return _run(op, traits, args, kwargs, on_host, parts, validate)
-    return _run(op, traits, args, kwargs, on_host, parts, validate)
+    try:
+        if sync_debug.mode:  # the host waits for what the simulator needs; reported where CUDA would wait too
+            with sync_debug.reported(op.name() if traits.host_waits else None):
+                return _run(op, traits, args, kwargs, on_host, parts, validate)
+        return _run(op, traits, args, kwargs, on_host, parts, validate)
+    except BaseException as exc:
+        detach_frames(exc, "host path")  # the frames below hold the host forms: a runner formatting them faults
+        raise
 
 
 def _run(op, traits: OpTraits, args: tuple, kwargs: dict, on_host, parts, validate) -> Any:

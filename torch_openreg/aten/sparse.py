@@ -127,13 +127,22 @@ def _on_host(value: Any) -> Any:
         return type(value)(_on_host(v) for v in value)
     if not isinstance(value, torch.Tensor) or value.device.type == "cpu":
         return value
-    if value.layout == torch.sparse_coo:
-        indices, values = (host_view(m) for m in members(value))
-        host = torch.ops.aten._sparse_coo_tensor_unsafe(indices, values, value.shape,
-                                                         is_coalesced=value.is_coalesced())
-    elif value.layout in _COMPRESSED:
-        host = torch.ops.aten._sparse_compressed_tensor_unsafe(*(host_view(m) for m in members(value)),
-                                                               value.shape, layout=value.layout)
+    if value.layout == torch.sparse_coo or value.layout in _COMPRESSED:
+        # Built outside the launch, where the components' memory is the device's: with
+        # torch.sparse.check_sparse_tensor_invariants on, the constructors would read the indices here (a host
+        # access to device memory). The kernel validates them inside the launch instead (_validate).
+        checking = torch._C._check_sparse_tensor_invariants()
+        torch._C._set_check_sparse_tensor_invariants(False)
+        try:
+            parts = [host_view(m) for m in members(value)]
+            if value.layout == torch.sparse_coo:
+                host = torch.ops.aten._sparse_coo_tensor_unsafe(*parts, value.shape, dtype=value.dtype,
+                                                                 is_coalesced=value.is_coalesced())
+            else:
+                host = torch.ops.aten._sparse_compressed_tensor_unsafe(*parts, value.shape, dtype=value.dtype,
+                                                                       layout=value.layout)
+        finally:
+            torch._C._set_check_sparse_tensor_invariants(checking)
     else:
         host = host_view(value)
     # Some CPU kernels decide what to compute from requires_grad (``_sparse_mm_reduce_impl`` keeps the argmax
