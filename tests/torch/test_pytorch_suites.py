@@ -211,3 +211,37 @@ def test_sparse_mm_reduce_backward_equals_the_cpu(reduce, no_leak):
         del a, b, y
     for got, expected in zip(results[1], results[0]):
         torch.testing.assert_close(got, expected)
+
+
+# test_masked.py test_mask_layout: masked reductions with sparse masks. Under torch.sparse.check_sparse_tensor_invariants
+# the host forms' constructors read the indices outside the launch (a segmentation fault); a bool mask's host form
+# took the default dtype; and _sparse_broadcast_to returns a view of its input, which the host path refused.
+@pytest.mark.parametrize("layout", [torch.sparse_coo, torch.sparse_csr], ids=["coo", "csr"])
+def test_masked_reductions_with_sparse_masks_equal_the_cpu(layout, no_leak):
+    torch.manual_seed(0)
+    x = torch.randn(3, 5)
+    mask = torch.rand(3, 5) > 0.4
+    sparse_mask = mask.to_sparse() if layout == torch.sparse_coo else mask.to_sparse_csr()
+    with torch.sparse.check_sparse_tensor_invariants():
+        for reduce in (torch.masked.sum, torch.masked.amax, torch.masked.mean):
+            expected = reduce(x, 1, mask=sparse_mask)
+            got = reduce(x.to("openreg"), 1, mask=sparse_mask.to("openreg"))
+            torch.testing.assert_close(got.cpu(), expected, equal_nan=True)
+        sparse_x = x.to_sparse() if layout == torch.sparse_coo else x.to_sparse_csr()
+        expected = torch.masked.sum(sparse_x, 1, keepdim=True, mask=sparse_mask)
+        got = torch.masked.sum(sparse_x.to("openreg"), 1, keepdim=True, mask=sparse_mask.to("openreg"))
+        assert got.layout == expected.layout == layout
+        torch.testing.assert_close(got.to_dense().cpu(), expected.to_dense())
+
+
+def test_a_sparse_view_shares_its_inputs_device_memory_as_on_the_cpu(no_leak):
+    results = []
+    for device in ("cpu", "openreg"):
+        s = torch.tensor([[0.0, 2.0], [3.0, 0.0]]).to_sparse().to(device)
+        view = s.unsqueeze(0)  # a view: its values are the input's
+        view._values().mul_(10)
+        broadcast = torch._sparse_broadcast_to(s, (3, 2, 2))
+        results.append((s.to_dense().cpu(), broadcast.to_dense().cpu()))
+        del s, view, broadcast
+    for got, expected in zip(results[1], results[0]):
+        torch.testing.assert_close(got, expected)

@@ -18,7 +18,7 @@ import torch
 
 from torch_openreg.device import sync_debug
 
-from .launch import detach_frames, run_sync
+from .launch import detach_frames, host_view, run_sync
 from .traits import Kind, OpTraits
 
 
@@ -47,31 +47,35 @@ def device_of(name: str, tensors: list[torch.Tensor]) -> torch.device:
 # LITERALINCLUDE START: HOST PATH
 def run(op: torch._ops.OpOverload, traits: OpTraits, args: tuple, kwargs: dict, *, on_host: Callable[[Any], Any],
         parts: Callable[[torch.Tensor], list[torch.Tensor]],
-        validate: Callable[[torch.Tensor], None] | None = None) -> Any:
+        validate: Callable[[torch.Tensor], None] | None = None,
+        rebuild: Callable[[torch.Tensor, Callable[[torch.Tensor], torch.Tensor]], torch.Tensor] | None = None) -> Any:
     """Run ``op``'s CPU kernel over host-side copies of the arguments' metadata (``on_host``), in a launch.
 
     ``parts(t)`` lists the dense tensors a tensor's data lives in (the storages the launch opens);
-    ``validate(t)``, if given, checks each host-side argument before the kernel trusts it.
+    ``validate(t)``, if given, checks each host-side argument before the kernel trusts it;
+    ``rebuild(r, on_device)``, if given, makes an openreg tensor of a host result that is a view of an input
+    (``_sparse_broadcast_to``), each of its parts mapped by ``on_device``: a view of the device memory it
+    aliases, or a copy of what the kernel allocated.
     """
     try:
         if sync_debug.mode:  # the host waits for what the simulator needs; reported where CUDA would wait too
             with sync_debug.reported(op.name() if traits.host_waits else None):
-                return _run(op, traits, args, kwargs, on_host, parts, validate)
-        return _run(op, traits, args, kwargs, on_host, parts, validate)
+                return _run(op, traits, args, kwargs, on_host, parts, validate, rebuild)
+        return _run(op, traits, args, kwargs, on_host, parts, validate, rebuild)
     except BaseException as exc:
         detach_frames(exc, "host path")  # the frames below hold the host forms: a runner formatting them faults
         raise
 
 
-def _run(op, traits: OpTraits, args: tuple, kwargs: dict, on_host, parts, validate) -> Any:
+def _run(op, traits: OpTraits, args: tuple, kwargs: dict, on_host, parts, validate, rebuild) -> Any:
     tensors = device_tensors(args, kwargs)
     device = device_of(op.name(), tensors)
     extents = [p for t in tensors if t.device.type != "cpu" for p in parts(t)]
-    inplace = [ret.kind is Kind.INPLACE for ret in traits.returns]
+    kinds = [ret.kind for ret in traits.returns]
     written = [p for ret in traits.returns if ret.kind is Kind.INPLACE
                for p in parts(traits.value(args, kwargs, ret.arg))]
     results = run_sync(device.index, _kernel, op, on_host(args), {k: on_host(v) for k, v in kwargs.items()},
-                       inplace, parts, validate, tensors=extents, writes=written, name=op.name(),
+                       kinds, parts, validate, tensors=extents, writes=written, name=op.name(),
                        host_sync=traits.host_waits)
     if results is None:
         return None
@@ -82,17 +86,31 @@ def _run(op, traits: OpTraits, args: tuple, kwargs: dict, on_host, parts, valida
             if r is not None:  # its parts were replaced: the new ones are host memory, copied in
                 target.copy_(r)
             final.append(target)
-        elif ret.kind is Kind.FRESH:
+        elif ret.kind is Kind.FRESH or not isinstance(r, torch.Tensor):
             final.append(r.to(device) if isinstance(r, torch.Tensor) else r)
-        else:
+        elif rebuild is None:
             raise NotImplementedError(f"{op.name()} returns a view of its input, which the host path cannot map "
                                       "back to device memory")
+        else:
+            final.append(rebuild(r, lambda part: _on_device(part, extents, device)))
     return final[0] if len(final) == 1 else tuple(final)
 
 
-def _kernel(op, args, kwargs, inplace: list[bool], parts, validate) -> list | None:
-    """The launched kernel: the CPU operator; then its results made host-owned wherever they still point
-    into device memory; ``None`` for an in-place result written through the host views alone."""
+def _on_device(part: torch.Tensor, device_parts: list[torch.Tensor], device: torch.device) -> torch.Tensor:
+    """A dense part of a host result on the device: a view of the device memory it aliases (its metadata is all
+    that is read), or a copy of memory the kernel allocated."""
+    storage = part.untyped_storage().data_ptr()
+    for base in device_parts:
+        if host_view(base).untyped_storage().data_ptr() == storage:  # host views of a storage share one
+            return torch.empty(0, dtype=part.dtype, device=device).set_(
+                base.untyped_storage(), part.storage_offset(), part.size(), part.stride())
+    return part.to(device)
+
+
+def _kernel(op, args, kwargs, kinds: list[Kind], parts, validate) -> list | None:
+    """The launched kernel: the CPU operator; then its fresh results made host-owned wherever they still point
+    into device memory (views of an input stay views, mapped back to device memory after); ``None`` for an
+    in-place result written through the host views alone."""
     given = device_tensors(args, kwargs)
     if validate is not None:
         for t in given:
@@ -103,15 +121,15 @@ def _kernel(op, args, kwargs, inplace: list[bool], parts, validate) -> list | No
     # input requires grad (``_sparse_mm_reduce_impl``'s argmax indices), and the host forms mirror requires_grad.
     with torch.enable_grad():
         result = op(*args, **kwargs)
-    if not inplace:
+    if not kinds:
         return None
     owned = []
-    for r, written in zip([result] if len(inplace) == 1 else list(result), inplace):
-        if not isinstance(r, torch.Tensor):
+    for r, kind in zip([result] if len(kinds) == 1 else list(result), kinds):
+        if not isinstance(r, torch.Tensor) or kind is Kind.VIEW:
             owned.append(r)
             continue
         aliased = [p.untyped_storage().data_ptr() in device_memory for p in parts(r)]
-        if written and all(aliased):
+        if kind is Kind.INPLACE and all(aliased):
             owned.append(None)
         else:
             owned.append(r.clone() if any(aliased) else r)

@@ -160,6 +160,17 @@ def _validate(t: torch.Tensor) -> None:
         torch._validate_sparse_compressed_tensor_args(*members(t), t.shape, t.layout)
 
 
+def _rebuild(host: torch.Tensor, on_device) -> torch.Tensor:
+    """An openreg sparse tensor of a host result's layout, over its components mapped by ``on_device`` (a view
+    of an input keeps sharing the input's device memory)."""
+    parts = [on_device(m) for m in members(host)]
+    if host.layout == torch.sparse_coo:
+        return torch.ops.aten._sparse_coo_tensor_unsafe(*parts, host.shape, dtype=host.dtype,
+                                                         is_coalesced=host.is_coalesced())
+    return torch.ops.aten._sparse_compressed_tensor_unsafe(*parts, host.shape, dtype=host.dtype, layout=host.layout)
+
+
 def _host_path(op, traits: OpTraits, args: tuple, kwargs: dict) -> Any:
-    return host_path.run(op, traits, args, kwargs, on_host=_on_host, parts=members, validate=_validate)
+    return host_path.run(op, traits, args, kwargs, on_host=_on_host, parts=members, validate=_validate,
+                         rebuild=_rebuild)
 # LITERALINCLUDE END: SPARSE HOST PATH
