@@ -245,3 +245,21 @@ def test_a_sparse_view_shares_its_inputs_device_memory_as_on_the_cpu(no_leak):
         del s, view, broadcast
     for got, expected in zip(results[1], results[0]):
         torch.testing.assert_close(got, expected)
+
+
+# test_segment_reductions.py test_unsafe_flag: CUDA's segment_reduce checks the lengths on the host unless
+# ``unsafe`` (it reads them with .item()), so a bad length raises at the call; a call shape whose first call was
+# clean was queued on openreg and raised at a later synchronization. histc, whose range comes from the data when
+# min == max, likewise.
+def test_host_checked_operators_raise_at_the_call_after_a_clean_call(asynchronous, no_leak):
+    data = torch.arange(6, dtype=torch.float, device="openreg")
+    good = torch.tensor([1, 2, 3, 0], device="openreg")
+    torch._segment_reduce(data, "sum", lengths=good, axis=0, unsafe=False)
+    with pytest.raises(RuntimeError, match="Expected all rows of lengths along axis"):
+        torch._segment_reduce(data, "sum", lengths=torch.tensor([0, 2, 3, 0], device="openreg"), axis=0,
+                              unsafe=False)
+    result = torch._segment_reduce(data, "sum", lengths=good, axis=0, unsafe=True)  # unsafe: no host check
+    torch.testing.assert_close(result.cpu(), torch._segment_reduce(data.cpu(), "sum", lengths=good.cpu(), axis=0))
+    torch.histc(torch.tensor([0.0, 1.0], device="openreg"), bins=4)
+    with pytest.raises(RuntimeError, match="is not finite"):
+        torch.histc(torch.tensor([0.0, float("inf")], device="openreg"), bins=4)

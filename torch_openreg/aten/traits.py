@@ -35,6 +35,15 @@ CPU_STATISTICS = {"aten::native_batch_norm", "aten::_native_batch_norm_legit", "
 # The convolution's meta kernel gives a contiguous output where the CPU's oneDNN kernel keeps a
 # channels-last input or weight channels-last: the meta run's output takes the CPU's layout (cpu_rules.cpu_layout).
 CPU_LAYOUT = {"aten::convolution"}
+# Operators whose CUDA kernel reads its inputs on the host to check them (``.item()``: the host waits), so that a
+# bad value raises at the call, not at a later synchronization: such calls run now (``Route.NOW``). The value says
+# which calls check, from the arguments as called (traits.value): segment_reduce only without ``unsafe``; histc
+# when it takes its range from the data (min == max).
+HOST_CHECKS = {
+    "aten::segment_reduce": lambda traits, args, kwargs: not traits.value(args, kwargs, traits.positions["unsafe"]),
+    "aten::histc": lambda traits, args, kwargs: (traits.value(args, kwargs, traits.positions["min"])
+                                                == traits.value(args, kwargs, traits.positions["max"])),
+}
 # LITERALINCLUDE END: NEVER FALLBACK
 
 
@@ -78,6 +87,7 @@ class OpTraits:
     cpu_decides: bool  # CPU_DECIDES_OUTPUTS
     cpu_statistics: bool  # CPU_STATISTICS
     cpu_layout: bool  # CPU_LAYOUT
+    host_checks: Any  # HOST_CHECKS: which calls the host checks (None: none)
     # The host waits for the device because of the data, as it would on CUDA (not because of what the simulator
     # needs): PyTorch tags such operators. The sync debug mode (torch.openreg.set_sync_debug_mode) reports these.
     host_waits: bool
@@ -137,7 +147,9 @@ def _read(op: torch._ops.OpOverload) -> OpTraits:
         cpu_decides=schema.name in CPU_DECIDES_OUTPUTS,
         cpu_statistics=schema.name in CPU_STATISTICS,
         cpu_layout=schema.name in CPU_LAYOUT,
-        host_waits=bool({torch.Tag.dynamic_output_shape, torch.Tag.data_dependent_output} & set(op.tags)),
+        host_checks=HOST_CHECKS.get(schema.name),
+        host_waits=bool({torch.Tag.dynamic_output_shape, torch.Tag.data_dependent_output} & set(op.tags))
+        or schema.name in HOST_CHECKS,
     )
 
 

@@ -128,8 +128,8 @@ def _plans_of(op: torch._ops.OpOverload) -> _OpPlans | None:
     if entry is _MISSING:
         traits = traits_of(op)
         entry = None
-        if not (traits.blocked or not traits.returns_tensors or traits.cpu_decides or traits.generators
-                or "device" in traits.positions):
+        if not (traits.blocked or not traits.returns_tensors or traits.cpu_decides or traits.host_checks
+                or traits.generators or "device" in traits.positions):
             out = out_overload(op, traits)
             if out is not None:
                 entry = _OpPlans(traits, ThroughOutOverload, out)
