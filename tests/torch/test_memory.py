@@ -221,7 +221,7 @@ def test_mem_get_info_and_accelerator_api():
 def test_summary_and_snapshot():
     x = torch.empty(1000, device="openreg")
     summary = dev.memory_summary(0)
-    assert "Allocated memory" in summary and "Reserved memory" in summary
+    assert "Allocated memory" in summary and "GPU reserved memory" in summary  # torch.cuda's row titles
     blocks = [b for seg in dev.memory_snapshot() for b in seg["blocks"]]
     mine = [b for b in blocks if b["address"] == x.data_ptr()]
     assert mine == [{"address": x.data_ptr(), "size": 4096, "requested_size": 4000, "state": "active_allocated",
