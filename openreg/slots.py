@@ -21,10 +21,12 @@ host (a test's gate): the host then runs the work it waits for itself, as above.
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import itertools
 import os
 import threading
+from collections.abc import Iterator
 
 from .device import check_device, device_count
 from .errors import ErrorCode, OpenRegError
@@ -85,14 +87,39 @@ class Slots:
 _slots = [Slots(_default_count()) for _ in range(device_count())]
 
 
+class _Held(threading.local):
+    slot: tuple[int, int] | None = None  # (device, priority) of the slot this thread holds
+
+
+_held = _Held()
+
+
 def acquire(device: int, priority: int) -> None:
     """Take a slot of ``device`` for an item of a stream of ``priority`` (waiting by priority for one)."""
     _slots[device].acquire(priority)
+    _held.slot = (device, priority)
 
 
 def release(device: int) -> None:
     """Give back a slot of ``device`` taken with :func:`acquire`."""
+    _held.slot = None
     _slots[device].release()
+
+
+@contextlib.contextmanager
+def released() -> Iterator[None]:
+    """Run the block without this thread's slot, if it holds one, and take one again after it (by priority):
+    for an item that only waits (a stream waiting for an event occupies no multiprocessor on a GPU), so
+    that kernels it may be waiting for are not kept from running."""
+    slot = _held.slot
+    if slot is None:
+        yield
+        return
+    release(slot[0])
+    try:
+        yield
+    finally:
+        acquire(*slot)
 
 
 def count(device: int) -> int:

@@ -542,7 +542,13 @@ class Stream:
         queue, seq = target
         if queue is self._q:
             return  # in-order already
-        self.launch(queue.wait_for, seq, False, name="wait_event", cost=timing.FREE)
+        self.launch(_wait_event, queue, seq, name="wait_event", cost=timing.FREE)
+
+
+def _wait_event(queue: _Queue, seq: int) -> None:
+    """A stream's wait for another's launch ``seq``: it holds no execution slot while it waits."""
+    with slots.released():
+        queue.wait_for(seq, False)
 
 
 def _report(q: _Queue) -> None:

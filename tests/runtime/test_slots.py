@@ -116,3 +116,27 @@ def test_two_streams_still_overlap():
     _until(lambda: a_started.is_set() and b_started.is_set(), "both kernels to run")
     s1.synchronize()
     s2.synchronize()
+
+
+def test_a_stream_waiting_for_an_event_holds_no_slot():
+    """A GPU stream waiting for an event occupies no multiprocessor: with two slots, one held by a gated kernel and
+    a stream waiting for an event recorded after it, a third stream's kernel still runs."""
+    if openreg.LAUNCH_BLOCKING:
+        pytest.skip("needs asynchronous launches (OPENREG_LAUNCH_BLOCKING is set)")
+    previous = slots.set_count(0, 2)
+    gate, running, ran = threading.Event(), threading.Event(), threading.Event()
+    gated, waiting, other = openreg.Stream(0), openreg.Stream(0), openreg.Stream(0)
+    try:
+        gated.launch(lambda: (running.set(), gate.wait(60)), name="gate")
+        _until(running.is_set, "the gated kernel to hold a slot")
+        event = openreg.Event()
+        event.record(gated)
+        waiting.wait_event(event)
+        _until(lambda: waiting._q.busy, "the waiting stream's wait to run")
+        other.launch(ran.set, name="work")
+        _until(ran.is_set, "the third stream's kernel to run beside the wait")
+    finally:
+        gate.set()
+        for stream in (gated, waiting, other):
+            stream.synchronize()
+        slots.set_count(0, previous)
