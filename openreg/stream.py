@@ -25,7 +25,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from . import activity, memory, sanitizer, settings, timing
+from . import activity, memory, sanitizer, settings, slots, timing
 from .device import check_device, device_count, forked, get_device, start
 from .errors import ErrorCode, OpenRegError, launch_failure
 
@@ -73,9 +73,11 @@ def set_kernel_context(factory: Callable[[], contextlib.AbstractContextManager])
 # LITERALINCLUDE END: KERNEL CONTEXT
 
 
-# Priorities follow CUDA: lower numbers are more urgent; 0 is the default.
+# Priorities follow CUDA: lower numbers are more urgent; 0 is the default. Four levels, as torch.cuda
+# reports for current GPUs (c10::cuda::max_compile_time_stream_priorities). They order the device's
+# execution slots (openreg/slots.py).
 PRIORITY_LOW = 0
-PRIORITY_HIGH = -1
+PRIORITY_HIGH = -3
 
 
 class _Item:
@@ -112,6 +114,7 @@ class _Queue:
         self.ahead = 0  # items up to this sequence number had their pages opened ahead (_grant_ahead)
         self.capture = None  # while a graph capture (openreg.graph) records this stream's launches, or guards it
         self.hurried = False  # a host waits for the whole device: run the queue now, without waiting for _IDLE
+        self.priority = PRIORITY_LOW  # its stream's: which worker takes the next free slot (openreg/slots.py)
 
     # LITERALINCLUDE START: STREAM RUN
     def run(self, item: _Item) -> None:
@@ -310,9 +313,15 @@ class _Queue:
                     self.wake.wait(timeout)
                     self.idle = False
                     nap = min(2 * nap, _NAP_MAX)
-                item = self._take()
-            nap = _IDLE
-            self.run(item)
+            slots.acquire(self.device, self.priority)  # before taking the item: a waiting host may still run it
+            with self.lock:
+                item = self._take() if self.items and not self.busy and not self.items[0].owner else None
+            try:
+                if item is not None:
+                    nap = _IDLE
+                    self.run(item)
+            finally:
+                slots.release(self.device)
             del item
     # LITERALINCLUDE END: STREAM SERVE
 
@@ -359,6 +368,7 @@ class Stream:
         self.priority = priority
         self.id = next(Stream._ids[self.device]) if _id is None else _id
         self._q = _Queue(self.device, self.id)
+        self._q.priority = priority
         weakref.finalize(self, self._q.close)
         with _registry_lock:
             _streams[(self.device, self.id)] = self
@@ -532,7 +542,13 @@ class Stream:
         queue, seq = target
         if queue is self._q:
             return  # in-order already
-        self.launch(queue.wait_for, seq, False, name="wait_event", cost=timing.FREE)
+        self.launch(_wait_event, queue, seq, name="wait_event", cost=timing.FREE)
+
+
+def _wait_event(queue: _Queue, seq: int) -> None:
+    """A stream's wait for another's launch ``seq``: it holds no execution slot while it waits."""
+    with slots.released():
+        queue.wait_for(seq, False)
 
 
 def _report(q: _Queue) -> None:

@@ -28,8 +28,8 @@ exchange_device = openreg.exchange_device
 check_device = openreg.device.check_device
 
 _POOL_SIZE = 32  # streams per priority per device, as CUDA's pools (made when first handed out)
-_pools: dict[tuple[int, bool], list[openreg.Stream]] = {}
-_next: dict[tuple[int, bool], itertools.count] = {}
+_pools: dict[tuple[int, int], list[openreg.Stream]] = {}  # (device, priority) -> its pool
+_next: dict[tuple[int, int], itertools.count] = {}
 _pools_lock = threading.Lock()
 
 
@@ -157,9 +157,17 @@ def use_allocator(allocator_: PluggableAllocator) -> None:
 
 # LITERALINCLUDE START: BRIDGE STREAMS
 def pool_stream(device: int, high_priority: bool) -> int:
-    """A stream from the device's round-robin pool (``getStreamFromGlobalPool``)."""
+    """A stream from the device's round-robin pool (``getStreamFromGlobalPool``): of the greatest priority
+    when ``high_priority``, as CUDA's ``getStreamFromPool(isHighPriority)``, else of priority 0."""
+    return priority_pool_stream(device, openreg.PRIORITY_HIGH if high_priority else openreg.PRIORITY_LOW)
+
+
+def priority_pool_stream(device: int, priority: int) -> int:
+    """A stream of ``priority`` from the device's round-robin pool (``getNewStream``): a pool of 32 per
+    priority level; a priority outside the range takes the nearest level, as ``torch.cuda.Stream``'s."""
     device = _dev(device)
-    key = (device, bool(high_priority))
+    priority = min(max(int(priority), openreg.PRIORITY_HIGH), openreg.PRIORITY_LOW)
+    key = (device, priority)
     with _pools_lock:
         pool = _pools.get(key)
         if pool is None:
@@ -167,8 +175,7 @@ def pool_stream(device: int, high_priority: bool) -> int:
             _next[key] = itertools.count()
         i = next(_next[key]) % _POOL_SIZE
         if i == len(pool):  # streams are made as the pool is first gone through: a device synchronize
-            priority = openreg.PRIORITY_HIGH if high_priority else openreg.PRIORITY_LOW  # walks only those
-            pool.append(openreg.Stream(device, priority))
+            pool.append(openreg.Stream(device, priority))  # walks only those
         return pool[i].id
 
 

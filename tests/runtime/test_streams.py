@@ -297,15 +297,17 @@ def test_synchronize_from_many_threads(asynchronous):
 
 
 def test_priorities():
-    assert (openreg.PRIORITY_HIGH, openreg.PRIORITY_LOW) == (-1, 0)
+    """Four levels, 0 to -3, as torch.cuda reports on current GPUs (c10::cuda::max_compile_time_stream_priorities)."""
+    assert (openreg.PRIORITY_HIGH, openreg.PRIORITY_LOW) == (-3, 0)
     assert openreg.Stream().priority == 0
-    assert openreg.Stream(priority=-1).priority == -1
+    for level in (-1, -2, -3):
+        assert openreg.Stream(priority=level).priority == level
     assert openreg.Stream(priority=openreg.PRIORITY_LOW).priority == 0
-    for bad in (1, -2, 10):
+    for bad in (1, -4, 10):
         with pytest.raises(OpenRegError) as info:
             openreg.Stream(priority=bad)
         assert info.value.code == ErrorCode.INVALID_VALUE
-        assert f"stream priority {bad} is outside [-1, 0]" in info.value.message
+        assert f"stream priority {bad} is outside [-3, 0]" in info.value.message
 
 
 # -- identity, current stream --------------------------------------------------------------------

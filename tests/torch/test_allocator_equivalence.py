@@ -119,7 +119,9 @@ class Workload:
             return self.rng.randint(4096, MB)
         if r < 0.83:
             return MB + self.rng.choice([0, 1, 512])
-        return self.rng.randint(MB, 9 * MB) if r < 0.97 else self.rng.choice([2 * MB, 2 * MB - 1, 21 * MB])
+        if r < 0.97:
+            return self.rng.randint(MB, 9 * MB)
+        return self.rng.choice([2 * MB, 2 * MB - 1, 10 * MB - 1, 10 * MB, 11 * MB, 21 * MB])
 
     def malloc(self, size: int) -> None:
         stream = self.streams[self.current]
@@ -154,7 +156,10 @@ class Workload:
         fits = sorted((b["size"], b["address"]) for s in segments for b in s["blocks"]
                       if s["stream"] == stream.id and s["segment_type"] == kind and b["state"] == "inactive"
                       and b["size"] >= rounded)
-        new_segment = 2 * MB if kind == "small" else (rounded + 2 * MB - 1) // (2 * MB) * (2 * MB)
+        if kind == "small":
+            new_segment = 2 * MB
+        else:  # CUDA's kLargeBuffer below kMinLargeAlloc, else the request rounded to kRoundLarge
+            new_segment = 20 * MB if rounded < 10 * MB else (rounded + 2 * MB - 1) // (2 * MB) * (2 * MB)
         free_size, ptr = fits[0] if fits else (new_segment, None)
         split = free_size - rounded >= (512 if kind == "small" else MB + 1)
         return ptr, rounded if split else free_size, new_segment

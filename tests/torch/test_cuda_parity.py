@@ -77,8 +77,11 @@ def test_stream_priority_as_torch_cuda_stream():
     """``torch.cuda.Stream`` has ``priority`` (lower is higher; out-of-range values map to the nearest valid
     one) and ``priority_range()``; ``current_stream``/``default_stream`` return the same class."""
     least, greatest = torch.openreg.Stream.priority_range()
-    assert (least, greatest) == (0, -1)
-    assert torch.openreg.Stream(priority=-1).priority == greatest
+    assert (least, greatest) == (0, -3)  # torch.cuda on an H100 (PyTorch 2.11): four levels
+    for level in (-1, -2, -3):
+        assert torch.openreg.Stream(priority=level).priority == level
+        generic = torch.Stream(device="openreg", priority=level)  # the device-generic class too
+        assert torch.openreg.ExternalStream(generic.stream_id).priority == level
     assert torch.openreg.Stream(priority=-100).priority == greatest
     assert torch.openreg.Stream().priority == least
     assert torch.openreg.Stream(priority=7).priority == least
@@ -328,7 +331,7 @@ def test_full_reduction_of_an_empty_tensor_is_refused_as_on_the_cpu(reduction):
 def test_stream_pool_has_cudas_32_streams_per_priority():
     """``torch.cuda.Stream()`` takes the next of 32 pooled streams per priority (kStreamsPerPool): 32 in a row
     are different streams (they run side by side), the 33rd is the first again."""
-    for priority in (0, -1):
+    for priority in (0, -1, -2, -3):
         first = torch.openreg.Stream(priority=priority)
         rest = [torch.openreg.Stream(priority=priority) for _ in range(31)]
         ids = {first.stream_id, *(s.stream_id for s in rest)}

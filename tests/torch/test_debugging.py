@@ -55,12 +55,12 @@ def test_snapshot_plots_and_summary(no_leak):
     assert "<html" in segments.lower() and len(segments) > 1000
     assert "<html" in _memory_viz.trace_plot(snap).lower()
     blocks = [blk for seg in snap["segments"] for blk in seg["blocks"] if blk["state"] == "active_allocated"]
-    assert [blk["requested_size"] for blk in blocks] == [1_200_000]  # b (a 2 MiB block of the large pool)
+    assert [blk["requested_size"] for blk in blocks] == [1_200_000]  # b (split off a 20 MiB large-pool segment)
     assert any(f["name"] == "test_snapshot_plots_and_summary" for f in blocks[0]["frames"])
     ooms = torch.openreg.memory_stats()["num_ooms"]  # earlier tests in this process may have run out of memory
     summary = torch.openreg.memory_summary()
     del b
-    for row in ("Allocated memory", "Reserved memory", "Active allocs", "Non-releasable memory", f"OOMs: {ooms} "):
+    for row in ("Allocated memory", "GPU reserved memory", "Active allocs", "Non-releasable memory", f"OOMs: {ooms} "):
         assert row in summary
-    requested = next(line for line in summary.splitlines() if line.startswith(" Requested memory"))
-    assert requested.split("|")[1].strip() == "1.14 MiB"  # b's bytes
+    requested = next(line for line in summary.splitlines() if line.startswith("| Requested memory"))
+    assert requested.split("|")[2].strip() == "1171 KiB"  # b's bytes, in torch.cuda.memory_summary's units

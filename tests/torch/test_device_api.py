@@ -192,7 +192,8 @@ def _trace(snapshot: dict, device: int = 0, action: str | None = None) -> list[d
 
 
 def test_snapshot_has_stacks_and_trace(history):
-    a = _allocate_here(3 << 20)  # 12 MiB: a segment of its own
+    torch.openreg.empty_cache()
+    a = _allocate_here(6 << 20)  # 24 MiB: more than a cached 20 MiB segment holds, so a segment of its own
     b = _allocate_here(100)
     b_ptr = b.untyped_storage().data_ptr()
     del b

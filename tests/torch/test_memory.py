@@ -39,15 +39,15 @@ def test_statistics_match_hand_computed_byte_counts():
     base = dev.memory_stats(0)
     a = torch.empty(1000, device="openreg")  # 4000 bytes -> one 4096-byte block (512-byte rounding)
     assert allocated() - base["allocated_bytes.all.current"] == 4096
-    b = torch.empty(4 * MB, dtype=torch.uint8, device="openreg")  # large pool: one exact 4 MiB segment
+    b = torch.empty(4 * MB, dtype=torch.uint8, device="openreg")  # large pool: 4 MiB split off a 20 MiB segment
     stats = dev.memory_stats(0)
     assert stats["allocated_bytes.all.current"] - base["allocated_bytes.all.current"] == 4096 + 4 * MB
     assert stats["allocated_bytes.small_pool.current"] - base["allocated_bytes.small_pool.current"] == 4096
     assert stats["allocated_bytes.large_pool.current"] - base["allocated_bytes.large_pool.current"] == 4 * MB
     assert stats["requested_bytes.all.current"] - base["requested_bytes.all.current"] == 4000 + 4 * MB
     assert stats["allocation.all.current"] - base["allocation.all.current"] == 2
-    # one 2 MiB small segment and one large segment of the request rounded up to 2 MiB were reserved
-    assert stats["reserved_bytes.all.current"] - base["reserved_bytes.all.current"] == 2 * MB + 4 * MB
+    # one 2 MiB small segment and one 20 MiB large segment (CUDA's kLargeBuffer for 1 to 10 MiB) were reserved
+    assert stats["reserved_bytes.all.current"] - base["reserved_bytes.all.current"] == 2 * MB + 20 * MB
     assert stats["segment.all.current"] - base["segment.all.current"] == 2
     assert dev.memory_reserved(0) == stats["reserved_bytes.all.current"]
     del a, b
@@ -57,10 +57,10 @@ def test_statistics_match_hand_computed_byte_counts():
     assert dev.memory_reserved(0) == stats["reserved_bytes.all.current"]  # cached, not returned
     dev.empty_cache()
     assert dev.memory_reserved(0) == base["reserved_bytes.all.current"]
-    # 3 MiB takes a whole 4 MiB segment: a large-pool remainder of 1 MiB or less is not split off (as CUDA)
-    c = torch.empty(3 * MB, dtype=torch.uint8, device="openreg")
-    assert dev.memory_allocated(0) - base["allocated_bytes.all.current"] == 4 * MB
-    assert dev.memory_stats(0)["requested_bytes.all.current"] - base["requested_bytes.all.current"] == 3 * MB
+    # 11 MiB takes a whole 12 MiB segment: a large-pool remainder of 1 MiB or less is not split off (as CUDA)
+    c = torch.empty(11 * MB, dtype=torch.uint8, device="openreg")
+    assert dev.memory_allocated(0) - base["allocated_bytes.all.current"] == 12 * MB
+    assert dev.memory_stats(0)["requested_bytes.all.current"] - base["requested_bytes.all.current"] == 11 * MB
     del c
 
 
@@ -75,21 +75,22 @@ def test_freed_blocks_are_reused_without_driver_calls():
 
 
 def test_free_large_segments_too_small_for_a_request_are_returned_before_growing():
-    """A cached 4 MiB segment cannot hold 8 MiB: it goes back to the driver before the new segment comes,
-    so reserved memory grows by 4 MiB, not 8; a segment that fits is reused instead."""
+    """A cached 12 MiB segment cannot hold 16 MiB: it goes back to the driver before the new segment comes,
+    so reserved memory grows by 4 MiB, not 16; a segment that fits is reused instead. (Requests of 10 MiB
+    and more get segments of their own size; smaller large-pool requests share 20 MiB segments.)"""
     base = dev.memory_reserved(0)
-    x = torch.empty(4 * MB, dtype=torch.uint8, device="openreg")
+    x = torch.empty(12 * MB, dtype=torch.uint8, device="openreg")
     del x
-    assert dev.memory_reserved(0) - base == 4 * MB  # cached
+    assert dev.memory_reserved(0) - base == 12 * MB  # cached
     frees = dev.memory_stats(0)["num_device_free"]
-    y = torch.empty(8 * MB, dtype=torch.uint8, device="openreg")
-    assert dev.memory_reserved(0) - base == 8 * MB
+    y = torch.empty(16 * MB, dtype=torch.uint8, device="openreg")
+    assert dev.memory_reserved(0) - base == 16 * MB
     assert dev.memory_stats(0)["num_device_free"] == frees + 1
     assert dev.memory_stats(0)["segment.large_pool.current"] >= 1
     ptr = y.data_ptr()
     del y
-    z = torch.empty(6 * MB, dtype=torch.uint8, device="openreg")  # fits the cached 8 MiB segment
-    assert z.data_ptr() == ptr and dev.memory_reserved(0) - base == 8 * MB
+    z = torch.empty(14 * MB, dtype=torch.uint8, device="openreg")  # fits the cached 16 MiB segment
+    assert z.data_ptr() == ptr and dev.memory_reserved(0) - base == 16 * MB
     del z
 
 
@@ -220,7 +221,7 @@ def test_mem_get_info_and_accelerator_api():
 def test_summary_and_snapshot():
     x = torch.empty(1000, device="openreg")
     summary = dev.memory_summary(0)
-    assert "Allocated memory" in summary and "Reserved memory" in summary
+    assert "Allocated memory" in summary and "GPU reserved memory" in summary  # torch.cuda's row titles
     blocks = [b for seg in dev.memory_snapshot() for b in seg["blocks"]]
     mine = [b for b in blocks if b["address"] == x.data_ptr()]
     assert mine == [{"address": x.data_ptr(), "size": 4096, "requested_size": 4000, "state": "active_allocated",

@@ -75,7 +75,8 @@ struct GuardImpl final : public c10::impl::DeviceGuardImplInterface {
     return make_stream(index, call<int64_t>("pool_stream", index, high));
   }
   c10::Stream getNewStream(c10::Device d, int priority) const override {
-    return getStreamFromGlobalPool(d, priority < 0);
+    auto index = resolve(d);
+    return make_stream(index, call<int64_t>("priority_pool_stream", index, priority));
   }
   c10::Stream exchangeStream(c10::Stream s) const override {
     return make_stream(s.device_index(), call<int64_t>("set_stream", s.device_index(), s.id()));

@@ -19,7 +19,7 @@ import torch
 
 import openreg
 from torch_openreg import _runtime
-from torch_openreg.memory import allocator, format_size, host_allocator
+from torch_openreg.memory import allocator, host_allocator
 from torch_openreg.memory.history import History
 from torch_openreg.memory.pluggable import PluggableAllocator
 
@@ -207,34 +207,63 @@ def reset_peak_host_memory_stats() -> None:
 # LITERALINCLUDE END: HOST MEMORY STATS
 
 
+# LITERALINCLUDE START: MEMORY SUMMARY
+# torch.cuda.memory_summary's table, row for row, so that what people paste and parse reads the same: the rows
+# keep CUDA's titles; the title and the OOM line name openreg (its driver call is openreg.malloc).
+_SUMMARY_ROWS = (
+    ("allocated_bytes", "Allocated memory"), ("active_bytes", "Active memory"),
+    ("requested_bytes", "Requested memory"), ("reserved_bytes", "GPU reserved memory"),
+    ("inactive_split_bytes", "Non-releasable memory"), ("allocation", "Allocations"), ("active", "Active allocs"),
+    ("segment", "GPU reserved segments"), ("inactive_split", "Non-releasable allocs"),
+)
+_SUMMARY_TOTALS = (("oversize_allocations", "Oversize allocations"), ("oversize_segments", "Oversize GPU segments"))
+
+
+def _scaled(value: int, by: int, units: tuple[str, ...], step: int, keep_below: int) -> tuple[int, str]:
+    """``value`` in the unit that the column's first value ``by`` is shown in: the next unit while ``by`` is at
+    least ``keep_below`` (CUDA's table scales every row of a group by its "all" row)."""
+    unit = units[0]
+    for bigger in units[1:]:
+        if by < keep_below:
+            break
+        value, by, unit = value // step, by / step, bigger
+    return value, unit
+
+
+def _summary_cell(value: int, first: int, is_bytes: bool) -> str:
+    if is_bytes:
+        number, unit = _scaled(value, first, ("B  ", "KiB", "MiB", "GiB", "TiB", "PiB"), 1024, 768 * 1024)
+        return f"{number:6d} {unit}"
+    number, unit = _scaled(value, first, (" ", "K", "M"), 1000, 750 * 1000)
+    return f"{number:7d} {unit} "
+
+
 def memory_summary(device: Any = None, abbreviated: bool = False) -> str:
-    """A readable table of the allocator statistics (like ``torch.cuda.memory_summary``)."""
+    """A readable table of the allocator statistics, laid out as ``torch.cuda.memory_summary``'s."""
     index = _device(device)
-    stats = allocator(index).stats.as_dict()
-    rows = [
-        ("Allocated memory", "allocated_bytes", True), ("Active memory", "active_bytes", True),
-        ("Requested memory", "requested_bytes", True), ("Reserved memory", "reserved_bytes", True),
-        ("Non-releasable memory", "inactive_split_bytes", True), ("Allocations", "allocation", False),
-        ("Active allocs", "active", False), ("Reserved segments", "segment", False),
-        ("Non-releasable allocs", "inactive_split", False),
-    ]
-    pools = ("all",) if abbreviated else ("all", "large_pool", "small_pool")
-    width = 75
-    lines = ["=" * width, f" OpenReg memory summary, device ID {index}".ljust(width), "-" * width,
-             f" {'Metric':<28}| {'Cur Usage':>10} | {'Peak Usage':>10} | {'Tot Alloc':>9} | {'Tot Freed':>9}",
-             "-" * width]
-    for title, key, is_bytes in rows:
-        for pool in pools:
-            s = stats[key][pool]
-            label = title if pool == "all" else f"  from {pool.replace('_pool', '')} pool"
-            fmt = format_size if is_bytes else str
-            lines.append(f" {label:<28}| {fmt(s['current']):>10} | {fmt(s['peak']):>10} | "
-                         f"{fmt(s['allocated']):>9} | {fmt(s['freed']):>9}")
-        lines.append("-" * width)
-    lines.append(f" OOMs: {stats['num_ooms']:<8} allocation retries: {stats['num_alloc_retries']:<8} "
-                 f"device mallocs: {stats['num_device_alloc']:<6} frees: {stats['num_device_free']}")
-    lines.append("=" * width)
-    return "\n".join(lines) + "\n"
+    stats = memory_stats(index)
+    rule, double = "-" * 75, "=" * 75
+    lines = [double, f"{'':15}PyTorch OpenReg memory summary, device ID {index:<17d} ", rule,
+             f"{'':9}OpenReg OOMs: {stats['num_ooms']:<12d} | {'':3}openreg.malloc retries: "
+             f"{stats['num_alloc_retries']:<8d}  ",
+             double, "        Metric         | Cur Usage  | Peak Usage | Tot Alloc  | Tot Freed  "]
+    columns = ("current", "peak", "allocated", "freed")
+    pools = (("all", None),) if abbreviated else (("all", None), ("large_pool", "      from large pool"),
+                                                  ("small_pool", "      from small pool"))
+    for key, title in _SUMMARY_ROWS:
+        lines.append(rule)
+        first = [stats[f"{key}.all.{column}"] for column in columns]
+        for pool, label in pools:
+            cells = [_summary_cell(stats[f"{key}.{pool}.{column}"], by, key.endswith("bytes"))
+                     for column, by in zip(columns, first)]
+            lines.append(f" {label or title:<21} | " + " | ".join(cells) + " ")
+    for key, title in _SUMMARY_TOTALS:
+        lines.append(rule)
+        cells = [_summary_cell(stats[f"{key}.{c}"], stats[f"{key}.{c}"], False) for c in columns]
+        lines.append(f" {title:<21} | " + " | ".join(cells) + " ")
+    lines.append(double)
+    return "".join(f"|{line}|\n" for line in lines)
+# LITERALINCLUDE END: MEMORY SUMMARY
 
 
 def memory_cached(device: Any = None) -> int:

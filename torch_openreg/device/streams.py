@@ -44,12 +44,13 @@ class Stream(torch.Stream, metaclass=_OpenRegType):
 
     @property
     def priority(self) -> int:
-        """The stream's priority: -1 (high) or 0 (low); lower numbers are higher priorities, as on CUDA."""
+        """The stream's priority, 0 (the default, least urgent) to -3; lower numbers are higher priorities, as
+        on CUDA. A higher-priority stream's kernels take the device's next free execution slot first."""
         return openreg.get_stream(self.device_index, self.stream_id).priority
 
     @staticmethod
     def priority_range() -> tuple[int, int]:
-        """``(least, greatest)`` priority, as ``torch.cuda.Stream.priority_range()``: ``(0, -1)``."""
+        """``(least, greatest)`` priority, as ``torch.cuda.Stream.priority_range()`` on current GPUs: ``(0, -3)``."""
         return openreg.PRIORITY_LOW, openreg.PRIORITY_HIGH
 
 

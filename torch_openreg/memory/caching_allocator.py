@@ -5,12 +5,11 @@ large *segments* and carves tensors out of them as *blocks*; freed blocks go
 back to a pool and are reused without a driver call. ``empty_cache`` returns
 wholly free segments to the driver.
 
-* Pools: requests up to 1 MiB come from the small pool (2 MiB segments), larger
-  ones from the large pool (segments of the request rounded up to 2 MiB: unlike
-  CUDA's 20 MiB segments, which save driver calls that cost milliseconds, this keeps
-  peak reserved memory near peak allocated; an openreg driver call costs microseconds).
-  Sizes round up to 512 bytes; a block larger than needed is split. Before the large pool
-  grows, wholly free large segments too small for the request go back to the driver.
+* Pools: CUDA's size classes (``size_classes.py``): sizes round up to 512 bytes; requests up to 1 MiB
+  come from the small pool (2 MiB segments), larger ones from the large pool (20 MiB segments for
+  requests under 10 MiB, else the request rounded up to 2 MiB); a block larger than needed is split by
+  CUDA's rule. Before the large pool grows, wholly free large segments too small for the request go
+  back to the driver (openreg's own rule: a driver call costs microseconds here).
 * Streams: a block belongs to the stream that was current when it was
   allocated and is only reused on that stream, so work still queued there
   finishes before the memory is handed out again. ``record_stream`` marks
@@ -36,22 +35,10 @@ import openreg
 from openreg import ErrorCode, OpenRegError
 
 from .history import History
+from .size_classes import MIN_BLOCK, SMALL_SIZE, format_size, segment_size, split_threshold
 from .stats import LARGE, SMALL, Stats
 
-KB, MB = 1 << 10, 1 << 20
-ROUND = 512
-SMALL_SIZE = 1 * MB
-SMALL_SEGMENT = 2 * MB
-OVERSIZE = 20 * MB  # large-pool segments above this count as oversize_segments
-LARGE_ROUND = 2 * MB
-
-
-def format_size(n: int) -> str:
-    """Human-readable byte count, as in CUDA's messages."""
-    for unit, scale in (("GiB", 1 << 30), ("MiB", MB), ("KiB", KB)):
-        if abs(n) >= scale:
-            return f"{n / scale:.2f} {unit}"
-    return f"{n} bytes"
+__all__ = ["DeviceCachingAllocator", "allocator", "format_size", "owner"]
 
 
 class Block:
@@ -100,6 +87,7 @@ class PoolStream:
 # compared faster than a tuple.
 KEY_SHIFT = 64
 PTR_MASK = (1 << KEY_SHIFT) - 1
+SMALL_SPLIT, LARGE_SPLIT = split_threshold(True), split_threshold(False)
 SPARE_BLOCKS = 64  # Block objects that merging freed, kept for the next split (creating one costs more)
 
 
@@ -142,9 +130,9 @@ class DeviceCachingAllocator:
             if self.routes:  # a graph capture or use_mem_pool is underway: this allocation may belong to a pool
                 stream = self._route(stream)
                 split = type(stream) is not PoolStream or not stream.pool.no_split
-            rounded = (size + ROUND - 1) & -ROUND
-            if rounded < ROUND:
-                rounded = ROUND
+            rounded = (size + MIN_BLOCK - 1) & -MIN_BLOCK  # size_classes.round_size, written out for speed
+            if rounded < MIN_BLOCK:
+                rounded = MIN_BLOCK
             pool = SMALL if rounded <= SMALL_SIZE else LARGE
             free_blocks = self.free_blocks
             keys = self.free_lists[pool].get(stream)
@@ -161,7 +149,7 @@ class DeviceCachingAllocator:
                     return self._malloc_on_oom(size, stream, error)
                 keys = self._free_keys(pool, stream)
             rest = block.size - rounded
-            if split and rest >= (ROUND if pool == SMALL else SMALL_SIZE + 1):  # split: the rest is a free block
+            if split and rest >= (SMALL_SPLIT if pool == SMALL else LARGE_SPLIT):  # the rest becomes a free block
                 spare = self._spare
                 piece = spare.pop() if spare else Block(0, 0, None, 0)
                 piece.ptr = at = block.ptr + rounded
@@ -378,8 +366,6 @@ class DeviceCachingAllocator:
             self._record_segment("segment_free", head, head.size)
         self.stats.counters["num_device_free"] += 1
         self.stats.update(head.pool, ("segment", -1), ("reserved_bytes", -head.size))
-        if head.pool == LARGE and head.size > OVERSIZE:
-            self.stats.oversize_segments.add(-1)
 
     # -- pools ------------------------------------------------------------------------------------
     # A free block is counted in inactive_split while its segment is split. The hot paths (malloc,
@@ -456,10 +442,8 @@ class DeviceCachingAllocator:
     # -- segments and out of memory ---------------------------------------------------------------
     # LITERALINCLUDE START: CACHING OOM
     def _new_segment(self, pool: int, stream: openreg.Stream, rounded: int, requested: int) -> Block:
-        if pool == SMALL:
-            size = SMALL_SEGMENT
-        else:
-            size = (rounded + LARGE_ROUND - 1) // LARGE_ROUND * LARGE_ROUND
+        size = segment_size(rounded)
+        if pool == LARGE:
             self._release_unfit(stream, size)
         try:
             ptr = self._driver_malloc(size)
@@ -480,14 +464,11 @@ class DeviceCachingAllocator:
                 raise OpenRegError(ErrorCode.OUT_OF_MEMORY, self._oom_message(requested, size)) from None
         self.stats.counters["num_device_alloc"] += 1
         self.stats.update(pool, ("segment", 1), ("reserved_bytes", size))
-        if pool == LARGE and size > OVERSIZE:
-            self.stats.oversize_segments.add(1)
         head = Block(ptr, size, stream, pool)
         self.segments[ptr] = head
         if self.history is not None:
             self._record_segment("segment_alloc", head, size)
         return head
-
 
     def _driver_malloc(self, size: int) -> int:
         if self.fraction is not None:
