@@ -263,3 +263,21 @@ def test_host_checked_operators_raise_at_the_call_after_a_clean_call(asynchronou
     torch.histc(torch.tensor([0.0, 1.0], device="openreg"), bins=4)
     with pytest.raises(RuntimeError, match="is not finite"):
         torch.histc(torch.tensor([0.0, float("inf")], device="openreg"), bins=4)
+
+
+# test_tensor_creation_ops.py test_arange / test_linspace / test_logspace: an out= view with the right number of
+# elements keeps its shape and strides on the CPU (the values fill the view in order); the meta kernel resized it
+# to 1-d, which wrote the values onto the wrong elements of the base.
+@pytest.mark.parametrize("fill", ["arange", "linspace", "logspace", "arange, other shape"])
+def test_range_out_views_keep_their_layout_as_on_the_cpu(fill, no_leak):
+    call = {"arange": lambda out: torch.arange(0, 4, out=out), "linspace": lambda out: torch.linspace(0, 3, 4, out=out),
+            "logspace": lambda out: torch.logspace(0, 3, 4, out=out),
+            "arange, other shape": lambda out: torch.arange(0, 3, out=out)}[fill]
+    results = []
+    for device in ("cpu", "openreg"):
+        base = torch.zeros(2, 3, device=device)
+        out = base.narrow(1, 1, 2)
+        call(out)
+        results.append((base.cpu(), out.cpu(), out.shape, out.stride()))
+    assert results[0][2:] == results[1][2:]
+    torch.testing.assert_close(results[1][:2], results[0][:2])

@@ -337,10 +337,13 @@ def run_now(call: Call) -> Any:
 
 def _run_now(call: Call) -> Any:
     cpu_args, cpu_kwargs = swap(call.traits, call.args, call.kwargs, call.device, host_view_or_self, "cpu")
-    outs = {}  # out=: the CPU kernel sizes a host tensor, copied into the argument after
+    # out=: the CPU kernel writes a host tensor of the argument's size and strides (it keeps them, resizes it, or
+    # warns, as it would the argument itself: arange keeps a 2x2 view of the right element count), copied over after.
+    outs = {}
     for name in call.traits.out_args:
         if cpu_kwargs.get(name) is not None:
-            outs[name] = cpu_kwargs[name] = map_tensors(call.kwargs[name], lambda t: torch.empty(0, dtype=t.dtype))
+            outs[name] = cpu_kwargs[name] = map_tensors(
+                call.kwargs[name], lambda t: torch.empty_strided(t.size(), t.stride(), dtype=t.dtype))
     fresh = [ret.kind is Kind.FRESH for ret in call.traits.returns]
     try:
         result = run_sync(call.device.index, _owned_results, call.op, cpu_args, cpu_kwargs, fresh,
