@@ -281,3 +281,16 @@ def test_range_out_views_keep_their_layout_as_on_the_cpu(fill, no_leak):
         results.append((base.cpu(), out.cpu(), out.shape, out.stride()))
     assert results[0][2:] == results[1][2:]
     torch.testing.assert_close(results[1][:2], results[0][:2])
+
+
+# test_foreach.py test_parity__foreach_abs_*_bool: abs (the DispatchStub example, a C++ kernel) queued the CPU
+# kernel, whose "not implemented for 'Bool'" then surfaced at a later synchronization instead of at the call.
+def test_abs_of_an_unsupported_dtype_raises_at_the_call_as_on_the_cpu(asynchronous):
+    for device in ("cpu", "openreg"):
+        flags = torch.tensor([True, False], device=device)
+        with pytest.raises(NotImplementedError, match="not implemented for 'Bool'"):
+            torch.abs(flags)
+        with pytest.raises(NotImplementedError, match="not implemented for 'Bool'"):
+            torch._foreach_abs([flags])
+    torch.openreg.synchronize()  # nothing left to report
+    torch.testing.assert_close(torch.abs(torch.tensor([-1, 2], device="openreg")).cpu(), torch.tensor([1, 2]))
