@@ -92,6 +92,7 @@ class OpTraits:
     cpu_statistics: bool  # CPU_STATISTICS
     cpu_layout: bool  # CPU_LAYOUT
     host_checks: Any  # HOST_CHECKS: which calls the host checks (None: none)
+    pure_view: bool  # returns views of its arguments and writes nothing: metadata only, no kernel
     # The host waits for the device because of the data, as it would on CUDA (not because of what the simulator
     # needs): PyTorch tags such operators. The sync debug mode (torch.openreg.set_sync_debug_mode) reports these.
     host_waits: bool
@@ -153,6 +154,7 @@ def _read(op: torch._ops.OpOverload) -> OpTraits:
         cpu_statistics=schema.name in CPU_STATISTICS,
         cpu_layout=schema.name in CPU_LAYOUT,
         host_checks=HOST_CHECKS.get(schema.name),
+        pure_view=bool(returns) and not mutates and all(r.kind is Kind.VIEW for r in returns),
         host_waits=bool({torch.Tag.dynamic_output_shape, torch.Tag.data_dependent_output} & set(op.tags))
         or schema.name in HOST_CHECKS,
     )
