@@ -216,7 +216,8 @@ def test_sparse_mm_reduce_backward_equals_the_cpu(reduce, no_leak):
 
 # test_masked.py test_mask_layout: masked reductions with sparse masks. Under
 # torch.sparse.check_sparse_tensor_invariants the host forms' constructors read the indices outside the launch (a
-# segmentation fault); a bool mask's host form took the default dtype; and _sparse_broadcast_to returns a view of its input, which the host path refused.
+# segmentation fault); a bool mask's host form took the default dtype; and _sparse_broadcast_to returns a view of
+# its input, which the host path refused.
 @pytest.mark.parametrize("layout", [torch.sparse_coo, torch.sparse_csr], ids=["coo", "csr"])
 def test_masked_reductions_with_sparse_masks_equal_the_cpu(layout, no_leak):
     torch.manual_seed(0)
