@@ -224,7 +224,7 @@ if settings.DEVICE_PROFILE:
     set_profile(settings.DEVICE_PROFILE)
 
 __all__ = [
-    "COLLECTIVES", "DTYPES", "HOST", "HOST_US", "Cost", "DeviceProfile", "EFFICIENCY", "ENV", "FREE", "KINDS", "Launch", "Prediction",
-    "from_dict", "get_profile", "load_file", "model", "next_cost", "predict", "profiles", "recording",
-    "resolve", "set_profile",
+    "COLLECTIVES", "DTYPES", "HOST", "HOST_US", "Cost", "DeviceProfile", "EFFICIENCY", "ENV", "FREE", "KINDS",
+    "Launch", "Prediction", "combined", "from_dict", "get_profile", "host_spends", "host_time", "load_file", "mark",
+    "model", "next_cost", "predict", "profiles", "recording", "resolve", "set_profile", "tracing",
 ]

@@ -180,11 +180,13 @@ def solve(traces: Mapping[str, Mapping], measured: Mapping[str, Mapping], profil
         for name, (workload, quantity) in usable.items():
             target = measured[workload][quantity]
 
-            def error(x: float, name: str = name, workload: str = workload, quantity: str = quantity) -> float:
+            def error(x: float, name: str = name, workload: str = workload, quantity: str = quantity,
+                      target: float = target) -> float:
                 trial = with_parameters(profile, {**params, name: x})
                 return predict(traces[workload], trial)[quantity] - target
 
-            low, high = (0.0, 1000.0) if name.endswith("_us") or name.startswith(("host_us.", "scratch.")) else (0.01, 20.0)
+            times = name.endswith("_us") or name.startswith(("host_us.", "scratch."))
+            low, high = (0.0, 1000.0) if times else (0.01, 20.0)
             e_low, e_high = error(low), error(high)
             if e_low == e_high or (e_low > 0) == (e_high > 0):  # the figure does not depend on it, or out of range
                 params[name] = low if abs(e_low) < abs(e_high) else high

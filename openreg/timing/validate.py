@@ -11,7 +11,6 @@ and prints them: they must match the defaults of :mod:`.model`. Every other figu
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import statistics
 from pathlib import Path

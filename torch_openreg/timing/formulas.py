@@ -134,8 +134,8 @@ def fused_layer(base: str, args: tuple, dtype: str) -> Cost | None:
         f = ffn.shape[0]
         act = float(tokens * f)
         norm = Cost("normalization", 8.0 * tokens * e, float(3 * tokens * e * size), dtype, formula=True)
-        parts += [norm, _mm(tokens, f, e, dtype, size), Cost("elementwise", 8 * act, 2 * act * size, dtype, formula=True),
-                  _mm(tokens, e, f, dtype, size), norm]
+        activation = Cost("elementwise", 8 * act, 2 * act * size, dtype, formula=True)
+        parts += [norm, _mm(tokens, f, e, dtype, size), activation, _mm(tokens, e, f, dtype, size), norm]
     return combined(tuple(parts))
 # LITERALINCLUDE END: TIMING FUSED LAYERS
 
