@@ -110,8 +110,8 @@ def pending(name: str) -> bool:
 
 
 def host_spends(kind: str) -> None:
-    """The host issued an operator that launches nothing (``kind`` ``"view"``: a view or metadata
-    operator): its simulated time advances by the profile's ``host_us[kind]``."""
+    """The host did work that launches nothing (``kind`` ``"python"``: a call into PyTorch's Python
+    code): its simulated time advances by the profile's ``host_us[kind]``."""
     clock = _clock
     if clock is not None:
         clock.host_spends(kind)

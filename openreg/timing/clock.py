@@ -99,7 +99,7 @@ class Clock:
         return hit / total if total else None
 
     def host_spends(self, kind: str) -> None:
-        """The host issues an operator that launches nothing (``kind``: ``"view"``)."""
+        """The host does work that launches nothing (``kind``: a key of the profile's ``host_us``)."""
         with self.lock:
             if self.trace is not None:
                 self.trace.append(("host", kind))
@@ -142,6 +142,5 @@ def issue_seconds(cost: model.Cost, profile) -> float:
     """What issuing a launch of ``cost`` costs the host on ``profile`` (its ``host_us`` table)."""
     if cost.host == "none":
         return 0.0
-    host = profile.host_us
-    return (host[cost.host] + cost.tensors * host["tensor"]) * 1e-6
+    return profile.host_us[cost.host] * 1e-6
 # LITERALINCLUDE END: TIMING HOST COST

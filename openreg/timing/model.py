@@ -52,9 +52,7 @@ COLLECTIVE_LATENCY_US = 2.552  # alpha: per step of a collective (H100 NCCL all-
 HOST_US = {  # the host's cost of issuing one launch (PyTorch eager: Python, dispatch, the driver's launch)
     "op": 14.67,  # an operator (H100 host: workload tiny-adds-x100, 1466.7 us / 100 operators)
     "library": 56.4,  # a library call that selects and plans its kernel: attention (sdpa workload)
-    "view": 0.0,  # a view or metadata-only operator that reaches the backend (no figure: none)
     "autograd": 46.04,  # an operator autograd records or replays (training: MLP training-step workload)
-    "tensor": 0.0,  # per tensor of a multi-tensor (``_foreach_``) kernel (no figure: none)
     "python": 3.549,  # per call into PyTorch's Python code (nn.Module, optim): conv3x3 workload
 }
 SCRATCH = {  # device scratch a GPU library allocates during a launch, x a basis in bytes
@@ -97,7 +95,7 @@ class Cost:
     ``parts``: for a graph replay, its kernels' costs (one launch for them all), or the stages of a
     fused operator (``_transformer_encoder_layer_fwd``: its products, attention and normalizations).
     ``host``: what issuing it costs the host, one of :data:`HOST` (``"none"``: the runtime's own
-    markers); ``tensors``: the tensors of a multi-tensor kernel (each adds ``HOST_US["tensor"]``).
+    markers); ``tensors``: the tensors of a multi-tensor kernel (its class: ``multi_tensor``).
     ``scratch``: bytes a GPU library's scratch scales with (a convolution's output), for the memory peak.
     """
 
@@ -197,14 +195,16 @@ def predict(cost: Cost, profile, cached: float | None = None) -> Prediction:
 
 def _waves(shape: tuple, units: int) -> float:
     """How much longer than its FLOPs alone a matrix product takes for its tiles and waves: the output
-    is cut in MATRIX_TILE squares (partial tiles cost whole ones) and each wave runs one tile per
+    is cut in MATRIX_TILE squares (half as wide along a side of at most MATRIX_TILE / 2, as the
+    libraries pick a narrower tile there; partial tiles cost whole ones) and each wave runs one tile per
     compute unit, so the time is ``waves x one tile's time`` instead of ``FLOPs / peak``. A product with
     fewer tiles than units and a long K (K at least twice its longer output side) splits K over the idle
     units (cuBLAS's split-K), up to ``K / max(M, N)`` ways."""
     m, n, k, batch = shape
-    tiles = math.ceil(m / MATRIX_TILE) * math.ceil(n / MATRIX_TILE) * max(batch, 1)
+    tm, tn = (MATRIX_TILE // 2 if x <= MATRIX_TILE // 2 else MATRIX_TILE for x in (m, n))
+    tiles = math.ceil(m / tm) * math.ceil(n / tn) * max(batch, 1)
     splits = max(1, min(units // max(tiles, 1), k // max(m, n, 1))) if tiles < units else 1
-    waves = math.ceil(tiles * splits / units) / splits
+    waves = math.ceil(tiles * splits / units) / splits * (tm * tn) / (MATRIX_TILE * MATRIX_TILE)
     ideal = m * n * max(batch, 1) / (MATRIX_TILE * MATRIX_TILE * units)
     return waves / ideal if ideal else 1.0
 # LITERALINCLUDE END: TIMING PREDICT

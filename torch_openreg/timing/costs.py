@@ -113,10 +113,8 @@ def launch_name(op: torch._ops.OpOverload) -> str:
 
 # LITERALINCLUDE START: TIMING PRICE OP
 def price_op(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> None:
-    """The global fallback's hook: the cost of the launch this operator call is about to make (a view
-    launches nothing: the host's cost of issuing it only)."""
+    """The global fallback's hook: the cost of the launch this operator call is about to make."""
     if op.is_view:  # metadata only: no launch to price
-        openreg.timing.host_spends("view")
         return
     training = autograd_issue((args, kwargs))
     try:
