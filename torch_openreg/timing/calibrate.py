@@ -96,7 +96,8 @@ def measure(name: str, device: str, small: bool = False, steps: int = 20, rounds
     around ``steps`` steps / steps, median of ``rounds``; the CPU: the host's clock, one thread, the
     fastest round, as other processes share it), ``kernels_us``
     (CUDA: the profiler's kernel and copy durations of a step, mean of 5; the CPU: its wall time, the
-    host running the kernels), ``peak_bytes`` (CUDA: the allocator's peak during a step over before it)."""
+    host running the kernels, given as ``kernels_us`` only), ``peak_bytes`` (CUDA: the allocator's peak
+    during a step over what was allocated before it)."""
     cuda = device.startswith("cuda")
     if not cuda:  # one thread: a CPU's parallel regions wait for cores other processes hold
         threads = torch.get_num_threads()
@@ -129,10 +130,9 @@ def _measure(name: str, device: str, small: bool, steps: int, rounds: int, cuda:
             for _ in range(steps):
                 step()
             walls.append((time.perf_counter() - began) * 1e6 / steps)
+    if not cuda:  # a CPU shared with other work: its least-disturbed round (its wall time is the same figure)
+        return {"what": name, "kernels_us": min(walls)}
     out = {"what": name, "wall_us": statistics.median(walls)}
-    if not cuda:  # a CPU shared with other work: its least-disturbed round
-        out["wall_us"] = out["kernels_us"] = min(walls)
-        return out
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CUDA]) as prof:

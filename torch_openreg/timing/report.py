@@ -7,6 +7,7 @@ import collections
 from dataclasses import dataclass
 
 from openreg.timing import DeviceProfile, Launch
+from openreg.timing.clock import issue_seconds
 
 
 @dataclass
@@ -54,8 +55,10 @@ class Report:
 
     @property
     def issue_time(self) -> float:
-        """The host's simulated cost of issuing the block's launches and views (``host_us``)."""
-        return self.host_time
+        """The host's simulated cost of issuing the block's launches and its calls into PyTorch's Python
+        code (the profile's ``host_us``), waits excluded."""
+        launches = sum(issue_seconds(r.cost, self.profile) for r in self.launches if r.cost is not None)
+        return launches + self.python_calls * self.profile.host_us["python"] * 1e-6
 
     @property
     def bound(self) -> str:
@@ -109,7 +112,7 @@ class Report:
         busy = sum(r.prediction.seconds for r in self.launches) or 1.0
         wall = self.wall_time or 1.0
         share = (f"host-bound: the device is busy {self.device_time / wall:.0%} of the wall time, the host issues "
-                 f"for {min(self.host_time / wall, 1.0):.0%} of it" if self.bound == "host" else
+                 f"for {min(self.issue_time / wall, 1.0):.0%} of it" if self.bound == "host" else
                  f"device-bound: the device is busy {self.device_time / wall:.0%} of the wall time")
         lines = [f"device profile: {self.profile.name} ({self.profile.description})",
                  f"simulated device time: {_time(self.device_time)} over {len(self.launches)} launches",
