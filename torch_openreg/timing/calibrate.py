@@ -9,7 +9,8 @@ The first measures the set on this machine's CUDA device (``--measure cpu``: the
 shared file's format; the second fits a profile from a measurement file made elsewhere. Either way each
 workload is traced on openreg (one step under simulated time), the fitting arithmetic of
 :mod:`openreg.timing.calibrate` solves each parameter from its one named figure, the profile is written,
-and the table of measured against predicted figures (fitted and held out) is printed.
+and the table of measured against predicted figures (fitted and held out) is printed. ``--no-fit``
+only compares: the validation of a profile on fresh traces (re-running the workloads on openreg).
 ``--trace FILE`` writes the traces (``openreg/timing/data/h100-traces.json`` is such a file).
 """
 
@@ -176,6 +177,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--small", action="store_true", help="the workloads' small sizes (quick; for tests)")
     parser.add_argument("--traces", metavar="JSON", help="read the openreg traces from there instead of tracing")
     parser.add_argument("--trace", metavar="JSON", help="only trace the set on openreg and write the traces there")
+    parser.add_argument("--no-fit", action="store_true", help="only predict the measured figures on the profile "
+                        "(run the workloads on openreg and compare: the validation on fresh traces)")
     args = parser.parse_args(argv)
     names = args.workloads.split(",") if args.workloads else \
         list(CPU_WORKLOADS if args.measure == "cpu" else workloads.WORKLOADS)
@@ -205,9 +208,12 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("give a measurement file, or --measure cuda|cpu")
     traces = arithmetic.load_traces(args.traces) if args.traces else \
         {name: trace(name, base, args.small) for name in measured if name in workloads.WORKLOADS}
-    cpu = args.measure == "cpu"
-    profile = fit(measured, traces, base, CPU_PARAMETERS if cpu else arithmetic.PARAMETERS, CPU_TIES if cpu else None)
-    rows = arithmetic.compare(traces, measured, profile, CPU_PARAMETERS if cpu else arithmetic.PARAMETERS)
+    parameters = CPU_PARAMETERS if args.measure == "cpu" else arithmetic.PARAMETERS
+    if args.no_fit:
+        profile = base
+    else:
+        profile = fit(measured, traces, base, parameters, CPU_TIES if args.measure == "cpu" else None)
+    rows = arithmetic.compare(traces, measured, profile, parameters)
     print(arithmetic.markdown(rows))
     if args.output:
         with open(args.output, "w") as f:
