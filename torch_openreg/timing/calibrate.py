@@ -164,6 +164,22 @@ def fit(measured: dict, traces: dict, base: DeviceProfile, parameters: dict,
     return profile
 
 
+def _trace_json(data: dict) -> str:
+    """The trace file, one traced operation per line (readable diffs when the pricing changes)."""
+    lines = ["{", f' "about": {json.dumps(data["about"])},', f' "small": {json.dumps(data["small"])},',
+             ' "workloads": {']
+    names = list(data["workloads"])
+    for i, name in enumerate(names):
+        w = data["workloads"][name]
+        lines.append(f'  {json.dumps(name)}: {{"peak_bytes": {json.dumps(w["peak_bytes"])}, '
+                     f'"scratch": {json.dumps(w["scratch"])}, "trace": [')
+        ops = [f"   {json.dumps(op)}" for op in w["trace"]]
+        lines.append(",\n".join(ops))
+        lines.append("  ]}" + ("," if i < len(names) - 1 else ""))
+    lines += [" }", "}"]
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m torch_openreg.timing.calibrate",
                                      description="Fit a device profile to measured times of the standard workloads.")
@@ -190,8 +206,7 @@ def main(argv: list[str] | None = None) -> int:
                 "--trace): what the simulated clock was told during one step", "small": args.small,
                 "workloads": {n: {**w, "trace": arithmetic.encode(w["trace"])} for n, w in out.items()}}
         with open(args.trace, "w") as f:
-            json.dump(data, f, indent=0)
-            f.write("\n")
+            f.write(_trace_json(data))
         print(f"traced {len(out)} workloads into {args.trace}")
         return 0
     if args.measure:
