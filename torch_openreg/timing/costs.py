@@ -343,14 +343,15 @@ def price_item(t: torch.Tensor) -> None:
 # LITERALINCLUDE END: TIMING PRICE COPIES
 
 
-def price_kernel(name: str, tensors: tuple, flops: float = 0.0) -> None:
+def price_kernel(name: str, tensors: tuple) -> None:
     """A compiled (Inductor) kernel: fused elementwise and reduction work, priced by the bytes of every
-    tensor it touches and the FLOPs Inductor's IR counted for it (``flops``; 0 when unknown); matrix
-    products in a compiled graph are extern kernels, priced as operators."""
+    tensor it touches. Inductor's IR counts FLOPs only where PyTorch's FLOP registry has a formula
+    (``BaseSchedulerNode.estimate_flops``): matrix products, convolutions, attention, which a compiled
+    openreg graph runs as extern kernels, priced as operators with those formulas."""
     nbytes = float(sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor)))
     reference = next((t for t in tensors if isinstance(t, torch.Tensor) and t.is_floating_point()), None)
     dtype = dtype_name(reference.dtype, "elementwise") if reference is not None else "float32"
-    openreg.timing.next_cost(name, Cost("elementwise", float(flops), nbytes, dtype, formula=bool(flops)))
+    openreg.timing.next_cost(name, Cost("elementwise", bytes=nbytes, dtype=dtype))
 
 
 # LITERALINCLUDE START: TIMING PRICE LAUNCH
