@@ -7,6 +7,7 @@ import collections
 from dataclasses import dataclass
 
 from openreg.timing import DeviceProfile, Launch
+from openreg.timing.calibrate import busy
 from openreg.timing.clock import issue_seconds
 
 
@@ -43,15 +44,7 @@ class Report:
     def device_time(self) -> float:
         """The device's busy time: simulated seconds during which a kernel or copy ran, on any stream
         (overlapping launches counted once, idle gaps excluded), as a profiler's kernel durations add up."""
-        busy, end = 0.0, None
-        for start, stop in sorted((r.start, r.end) for r in self.launches if r.end > r.start):
-            if end is None or start >= end:
-                busy += stop - start
-                end = stop
-            elif stop > end:
-                busy += stop - end
-                end = stop
-        return busy
+        return busy((r.start, r.end) for r in self.launches)
 
     @property
     def issue_time(self) -> float:
