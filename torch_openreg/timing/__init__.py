@@ -15,7 +15,7 @@ import torch
 import openreg
 from openreg.timing import DeviceProfile
 
-from . import python_calls
+from . import costs, python_calls
 
 if TYPE_CHECKING:
     from .report import Report
@@ -67,8 +67,6 @@ class simulate:
         self._recording = None
 
     def __enter__(self) -> Report:
-        from . import costs
-
         self._previous = openreg.timing.set_profile(self.report.profile)
         for device in range(torch.openreg.device_count()):
             torch.openreg.reset_peak_memory_stats(device)
@@ -86,8 +84,6 @@ class simulate:
         return openreg.timing.host_time(), openreg.timing.stream_time(stream)
 
     def __exit__(self, *exc) -> None:
-        from . import costs
-
         self._calls.stop()
         end = self._now()
         self.report.python_calls = self._calls.calls

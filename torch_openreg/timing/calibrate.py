@@ -31,7 +31,7 @@ import openreg
 from openreg.timing import calibrate as arithmetic
 from openreg.timing.profiles import DeviceProfile, from_dict, to_dict
 
-from . import workloads
+from . import costs, simulate, workloads
 
 # LITERALINCLUDE START: TIMING CPU CALIBRATION
 # A CPU runs its operators on the issuing thread: the host's cost is inside each operator's time, so a
@@ -72,8 +72,6 @@ def trace(name: str, profile="h100-sxm", small: bool = False) -> dict:
     """One step of workload ``name`` on openreg, after two warm-up steps, under simulated time: the
     clock's trace, the allocator's peak during the step over what was allocated before it, and the
     library scratch points (memory allocated at each launch that allocates scratch, and its basis)."""
-    from . import costs, simulate
-
     step = workloads.build(name, "openreg", small)
     for _ in range(2):
         step()
