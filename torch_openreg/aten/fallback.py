@@ -52,7 +52,7 @@ from .traits import Kind, OpTraits, traits_of
 # LITERALINCLUDE START: FALLBACK
 def fallback(op: torch._ops.OpOverload, *args: Any, **kwargs: Any) -> Any:
     """Run ``op`` for openreg tensors: decide, launch, hand back."""
-    if openreg.timing.active:  # the timing model prices the launch this call makes (torch_openreg/timing)
+    if openreg.timing.pricing:  # the timing model prices the launch this call makes (torch_openreg/timing)
         timing_costs.price_op(op, args, kwargs)
     result = _path.run_known(op, args, kwargs)  # an acceleration's shortcut for a call shape it knows
     if result is not UNKNOWN:
