@@ -118,7 +118,7 @@ def price_op(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> None:
         return
     training = autograd_issue((args, kwargs))
     try:
-        # the default dtype decides the dtype (and so the bytes) of results such as int / int (aten.arguments.global_state)
+        # the default dtype decides the dtype (and bytes) of results such as int / int (aten.arguments.global_state)
         key = (op, _key(args), _key(kwargs), dtype_name(torch.float32, "matrix"), training, torch.get_default_dtype())
         hash(key)
     except TypeError:
