@@ -6,6 +6,8 @@ does (the same result, or the same exception type and message) for the same call
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -296,3 +298,21 @@ def test_abs_of_an_unsupported_dtype_raises_at_the_call_as_on_the_cpu(asynchrono
             torch._foreach_abs([flags])
     torch.openreg.synchronize()  # nothing left to report
     torch.testing.assert_close(torch.abs(torch.tensor([-1, 2], device="openreg")).cpu(), torch.tensor([1, 2]))
+
+
+def test_the_suites_runner_compares_a_file_on_both_devices_and_writes_its_table(tmp_path, capsys):
+    """``python -m torch_openreg.testing.suites`` on a PyTorch-style file: both devices run it, tests are matched by
+    name, the time ratio sums the tests that passed on both, and --output writes the table."""
+    from torch_openreg.testing import suites
+
+    test_dir = Path(__file__).parent / "pytorch_style"
+    output = tmp_path / "table.md"
+    assert suites.main([str(test_dir), "--files", "call_cases", "--output", str(output)]) == 0
+    table = output.read_text()
+    assert table.startswith(suites.HEADER)
+    cells = [c.strip() for c in table.splitlines()[2].split("|")[1:-1]]
+    assert cells[0] == "call_cases" and cells[1] == "9"  # nine tests, named without their device
+    assert cells[2] == "8 / 9" and cells[3] == "0"  # the out= device test needs another device: skipped on the CPU
+    cpu_seconds, openreg_seconds = (float(x) for x in cells[6].split(" / "))
+    assert cpu_seconds >= 0 and openreg_seconds > 0 and float(cells[7]) > 0
+    assert "0 openreg-only failures" in table and "call_cases" in capsys.readouterr().out
