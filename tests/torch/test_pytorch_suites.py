@@ -316,3 +316,17 @@ def test_the_suites_runner_compares_a_file_on_both_devices_and_writes_its_table(
     cpu_seconds, openreg_seconds = (float(x) for x in cells[6].split(" / "))
     assert cpu_seconds >= 0 and openreg_seconds > 0 and float(cells[7]) > 0
     assert "0 openreg-only failures" in table and "call_cases" in capsys.readouterr().out
+
+
+# test_sort_and_select.py test_stable_sort_against_numpy: index_fill with a CPU index tensor, as CUDA takes it,
+# was refused ("found at least two devices").
+@pytest.mark.parametrize("index", [[3], [], [1, 4]], ids=["one", "empty", "two"])
+def test_index_fill_takes_a_cpu_index_as_cuda_does(index, no_leak):
+    x = torch.arange(100.0).view(10, 10)
+    cpu_index = torch.tensor(index, dtype=torch.long)
+    for _ in range(3):  # the first call, the checked one, a queued one
+        torch.testing.assert_close(x.to("openreg").index_fill(1, cpu_index, float("nan")).cpu(),
+                                   x.index_fill(1, cpu_index, float("nan")), equal_nan=True)
+        y = x.to("openreg")
+        y.index_fill_(0, cpu_index, -1.0)
+        torch.testing.assert_close(y.cpu(), x.index_fill(0, cpu_index, -1.0))

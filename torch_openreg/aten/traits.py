@@ -22,7 +22,10 @@ NEVER_FALLBACK = {
 }
 # Operators that may take CPU index tensors alongside openreg tensors (as on CUDA).
 CPU_INDICES_OK = {
-    "aten::index.Tensor", "aten::index.Tensor_out", "aten::index_put_", "aten::index_put", "aten::_index_put_impl_"
+    "aten::index.Tensor", "aten::index.Tensor_out", "aten::index_put_", "aten::index_put", "aten::_index_put_impl_",
+    # PyTorch's test_sort_and_select fills a CUDA tensor at CPU indices (index_fill with a 1-element CPU index)
+    "aten::index_fill_.int_Scalar", "aten::index_fill_.int_Tensor", "aten::index_fill.int_Scalar",
+    "aten::index_fill.int_Tensor",
 }
 # Operators whose meta kernel disagrees with their CPU kernel on output shapes or dtypes (the meta
 # kernels follow CUDA: e.g. eval-mode batch norm statistics of size C, not 0; float statistics for

@@ -37,6 +37,7 @@ FILES = (
     "nn/test_embedding", "nn/test_pooling", "nn/test_dropout", "nn/test_multihead_attention",
 )
 # LITERALINCLUDE END: SUITE FILES
+SUITE_DEVICE_MEMORY = "8GiB"
 _DEVICE_IN_NAME = re.compile(r"_(cpu|openreg)(?=_|$)")
 _DEVICE_IN_CLASS = re.compile(r"(CPU|PRIVATEUSE1|OPENREG)$")
 
@@ -73,6 +74,10 @@ def run_file(path: str, device: str, select: str | None = None, timeout: float =
     env = dict(os.environ, PYTORCH_TESTING_DEVICE_ONLY_FOR=device, CI="")
     if device == "openreg":
         env["TORCH_TEST_DEVICES"] = DEVICE_BASE
+        # A few tests size their tensors for a GPU's memory without largeTensorTest (test_pooling's nhwc tests need
+        # about 4 GiB): each simulated device gets 8 GiB unless the caller says otherwise. Pages are host memory
+        # taken only when written, as the CPU run takes its own.
+        env.setdefault("OPENREG_DEVICE_MEMORY", SUITE_DEVICE_MEMORY)
     with tempfile.TemporaryDirectory() as tmp:
         report = os.path.join(tmp, "report.xml")
         # --noconftest: PyTorch's test/conftest.py uses hook arguments pytest 9 removed (it would not load);
