@@ -181,6 +181,9 @@ def meta_run(call: Call) -> Any:
                 meta = call.op(*meta_args, **meta_kwargs)
         except Exception:
             return NO_META
+        if any(isinstance(t, torch.Tensor) and t.layout != torch.strided
+               for m in (meta if isinstance(meta, tuple) else (meta,)) for t in tensors_of((m,), {})):
+            return NO_META  # a sparse output (_embedding_bag_backward's sparse gradient): the CPU kernel makes it
         return cpu_rules.correct(call.traits, call.args, call.kwargs, meta)
 
 
