@@ -176,17 +176,18 @@ def test_deterministic_mode_is_part_of_the_call_shape():
 # access to device memory (a segmentation fault). Results that alias device memory are copied out in the launch.
 @pytest.mark.parametrize("sparse", [True, False], ids=["sparse", "dense"])
 @pytest.mark.parametrize("trainable", [True, False], ids=["trainable", "fixed"])
-def test_embedding_bag_per_sample_weights_backward_equals_the_cpu(sparse, trainable, no_leak):
+@pytest.mark.parametrize("dtypes", [(torch.int64, torch.float32), (torch.int32, torch.float64)], ids=str)
+def test_embedding_bag_per_sample_weights_backward_equals_the_cpu(sparse, trainable, dtypes, no_leak):
     torch.manual_seed(0)
-    weight, indices = torch.randn(5, 3), torch.randint(5, (2, 7))
-    per_sample = torch.randn(2, 7)
+    weight, indices = torch.randn(5, 3, dtype=dtypes[1]), torch.randint(5, (2, 7), dtype=dtypes[0])
+    per_sample = torch.randn(2, 7, dtype=dtypes[1])
     grads = []
     for device in ("cpu", "openreg", "openreg", "openreg"):  # a call shape's first, checked and queued calls
         bag = torch.nn.EmbeddingBag.from_pretrained(weight.clone(), freeze=False, mode="sum", sparse=sparse)
         bag = bag.to(device)
         psw = per_sample.to(device).detach().requires_grad_(trainable)
         out = bag(indices.to(device), per_sample_weights=psw)
-        (out * torch.arange(3.0, device=device)).sum().backward()
+        (out * torch.arange(3.0, device=device, dtype=dtypes[1])).sum().backward()
         grad = bag.weight.grad
         assert grad.layout == (torch.sparse_coo if sparse else torch.strided)
         grads.append((out.detach().cpu(), grad.to_dense().cpu(), psw.grad.cpu() if trainable else None))
