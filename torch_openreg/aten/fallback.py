@@ -62,8 +62,6 @@ def fallback(op: torch._ops.OpOverload, *args: Any, **kwargs: Any) -> Any:
         raise NotImplementedError(f"{traits.name} is not supported on the openreg device: {traits.blocked}")
     try:
         call = decide(op, traits, args, kwargs)
-        if call.route is Route.FIRST:
-            return first_call(call)
         if call.route is not Route.NOW:
             # A graph capture records the first call like any launch: nothing runs on the host during a
             # capture (openreg.graph).
@@ -91,9 +89,8 @@ def fallback(op: torch._ops.OpOverload, *args: Any, **kwargs: Any) -> Any:
 class Route(enum.Enum):
     """How calls of one call shape run."""
 
-    FIRST = "first"  # not seen yet: the CPU kernel runs at the call and decides the outputs (no meta run)
-    CHECK = "check"  # seen once: queued, but run at the call (Stream.run_here), its warnings counted
-    QUEUE = "queue"  # its checked call was clean: queued on the stream
+    CHECK = "check"  # not seen yet: queued, but run at the call (Stream.run_here), its warnings counted
+    QUEUE = "queue"  # its first call was clean: queued on the stream
     NOW = "now"  # the CPU kernel decides its outputs: wait for the stream, run it, copy new outputs over
 
 
@@ -123,33 +120,14 @@ def decide(op: torch._ops.OpOverload, traits: OpTraits, args: tuple, kwargs: dic
     if not traits.returns_tensors or traits.cpu_decides or (traits.host_checks and traits.host_checks(traits, *given)):
         route = Route.NOW
     else:
-        route = _routes.get((op, key), Route.FIRST) if key is not None else Route.FIRST
-        # A pure view is metadata only (no kernel runs), and a graph capture records the call (nothing runs on the
-        # host during a capture): both take the meta kernel's outputs from their first call on.
-        if route is Route.FIRST and (traits.pure_view or openreg.is_capturing(openreg.current_stream(device.index))):
-            route = Route.CHECK
+        route = _routes.get((op, key), Route.CHECK) if key is not None else Route.CHECK
     call = Call(op, traits, args, kwargs, given, tensors, device, key, route)
-    if route is Route.CHECK or route is Route.QUEUE:
+    if route is not Route.NOW:
         call.meta = _path.meta_outputs(call)
         if call.meta is NO_META:  # no meta kernel, data-dependent output shapes, a check that needs the data
             call.route = Route.NOW
             _remember(call, Route.NOW)  # per call shape: x[mask] runs now, x[i] stays queued
     return call
-
-
-def first_call(call: Call) -> Any:
-    """A call shape's first call: the CPU kernel runs now and decides the outputs, so no meta run is needed (a test
-    suite is mostly first calls, and a meta run costs 20 to 700 us where the CPU kernel of a small call costs a
-    few). The outputs' metadata is learned from this call for the next one, which is checked (``Route.CHECK``)
-    before calls of its shape are queued; an operator whose output shapes may depend on the data (PyTorch tags it,
-    as FakeTensor relies on) learns nothing, so its next call runs the meta kernel, which tells."""
-    with _Warnings(True) as warned:
-        result = run_now(call)
-    if not warned and call.key is not None:  # a call shape that warned stays first: each call warns, as on the CPU
-        _remember(call, Route.CHECK)
-        if not call.traits.host_waits:
-            _path.learn(call, result)
-    return result
 
 
 _routes: dict[tuple, Route] = {}  # (op, call shape) -> its route, once decided
@@ -435,7 +413,7 @@ def _host_alias_to_device(t: torch.Tensor, base: torch.Tensor, device: torch.dev
 
 # LITERALINCLUDE START: PLAIN
 class Plain:
-    """The mechanism's own choices at the five places where an acceleration may take over (fast/)."""
+    """The mechanism's own choices at the four places where an acceleration may take over (fast/)."""
 
     def run_known(self, op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
         """A call of a shape seen before, done another way; UNKNOWN: the mechanism does it."""
@@ -450,10 +428,7 @@ class Plain:
         return launch_copy(call, check)
 
     def clean(self, call: Call) -> None:
-        """The call shape's checked run raised nothing and warned nothing."""
-
-    def learn(self, call: Call, result: Any) -> None:
-        """The call shape's first call ran now and gave ``result``: its outputs' metadata, for the next call."""
+        """The call shape's first, checked, run raised nothing and warned nothing."""
 
 
 _path: Plain = Plain()
