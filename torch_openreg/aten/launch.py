@@ -35,8 +35,9 @@ def host_views(*tensors: torch.Tensor | None) -> list[torch.Tensor | None]:
 def detach_frames(exc: BaseException | None, where: str = "kernel") -> None:
     """Drop the frames of a kernel's exception: their arguments are host views of device memory.
 
-    Outside the kernel those views point at protected memory: a test runner or debugger that
-    formats the frames' arguments would fault. The traceback is kept as text, in a note.
+    Those views are the device's own view of its memory (``openreg.view_address``), which user code must
+    never hold: a test runner or debugger that kept the frames would hand it out. The traceback is kept as
+    text, in a note.
     """
     if hasattr(exc, "add_note") and exc.__traceback__ is not None:
         exc.add_note(f"{where} traceback:\n" + "".join(traceback.format_tb(exc.__traceback__)).rstrip())
