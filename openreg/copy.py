@@ -48,7 +48,7 @@ def _check(dst: int, src: int, nbytes: int, kind: MemcpyKind) -> tuple[Stream, t
     dst_alloc = _side(dst, nbytes, kind in (MemcpyKind.HOST_TO_DEVICE, MemcpyKind.DEVICE_TO_DEVICE), "destination")
     src_alloc = _side(src, nbytes, kind in (MemcpyKind.DEVICE_TO_HOST, MemcpyKind.DEVICE_TO_DEVICE), "source")
     device_side = src_alloc if kind == MemcpyKind.DEVICE_TO_HOST else dst_alloc
-    # extents, not whole allocations: a copy opens only the pages it touches
+    # extents, not whole allocations: a copy names only the bytes it touches (what OPENREG_MEMCHECK opens)
     buffers = tuple((p, nbytes) for p, a in ((dst, dst_alloc), (src, src_alloc)) if a is not None)
     device = device_side.device if device_side is not None else None
     return current_stream(device), buffers, buffers[:1] if dst_alloc is not None else ()  # (what it writes)

@@ -17,7 +17,7 @@ import os
 import threading
 from collections.abc import Callable
 
-from . import memory, platform
+from . import memcheck, memory, platform
 from .platform import libc
 
 _previous = {sig: platform.SigAction() for sig in platform.FAULT_SIGNALS} if platform.SigAction else {}
@@ -42,10 +42,11 @@ def describe(addr: int) -> str | None:
                 f"openreg:{device}, which no allocation holds (freed, or never allocated).\n")
     where = "inside" if addr - alloc.ptr < alloc.size else "past the end of"
     if kernel:
+        why = ("which its launch did not name (OPENREG_MEMCHECK)" if memcheck.enabled else
+               "and the host could not provide memory behind it (is the shared-memory file system full?)")
         report = (
             f"openreg: a kernel accessed device memory at 0x{addr:x}, offset {addr - alloc.ptr} {where} "
-            f"allocation 0x{alloc.ptr:x} of {alloc.size} bytes on openreg:{alloc.device}, which its launch did "
-            "not name (OPENREG_MEMCHECK).\n"
+            f"allocation 0x{alloc.ptr:x} of {alloc.size} bytes on openreg:{alloc.device}, {why}.\n"
         )
     else:
         report = (

@@ -554,8 +554,8 @@ def synchronize(device: int | None = None) -> None:
 
 
 def drain(device: int | None = None) -> list[_Queue]:
-    """Wait for every stream of ``device`` and close what its work left open, so that frees waiting
-    for that work go through; kernel errors stay for the next synchronizing call. An allocator that
+    """Wait for every stream of ``device``, so that frees waiting for its work go through; kernel errors
+    stay for the next synchronizing call. An allocator that
     must make room (as ``cudaFree`` synchronizes the device) calls this."""
     device = check_device(get_device() if device is None else device)
     refs = _device_queues.get(device)

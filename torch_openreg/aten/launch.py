@@ -79,7 +79,7 @@ def launch(device: int, fn: Callable[..., Any], *args: Any, tensors: tuple | lis
     ``writes``: those of ``tensors`` the kernel writes (None: any of them), for the stream sanitizer.
     """
     try:
-        # the storages' extents: the runtime opens only their pages while the kernel runs
+        # the storages' extents: what the launch names (and OPENREG_MEMCHECK opens while it runs)
         written = _C._extents(writes) if writes is not None and openreg.sanitizer.enabled else None
         return launch_extents(device, fn, *args, extents=_C._extents(tensors), name=name, sync=sync,
                               writes=written, host_sync=host_sync)

@@ -177,7 +177,8 @@ PYBIND11_MODULE(_C, m) {
   m.def("_default_generator", [](c10::DeviceIndex index) { return openreg::default_generator(index); },
         "the default generator of an openreg device");
   m.def("_ipc_tensor", &openreg::ipc_tensor, "uint8 openreg tensor over memory mapped from another process");
-  m.def("_storage_base", [](const at::Tensor& t) { return reinterpret_cast<uintptr_t>(openreg::view_address(t.storage().data())); },
+  m.def("_storage_base",
+        [](const at::Tensor& t) { return reinterpret_cast<uintptr_t>(openreg::view_address(t.storage().data())); },
         "view address of an openreg tensor's storage (to locate a host view's offset in it)");
   m.def("_set_views", &openreg::set_views,
         "the runtime's device-pointer-to-view ranges, (first device address, end, delta) each");
