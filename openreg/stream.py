@@ -319,13 +319,14 @@ class Stream:
                 if timing.active:  # the timing model: the recorded kernel keeps its cost for the replays
                     timing.captured(capture.graph, name, cost)
                 return seq
+        spans = memory.acquire(buffers) if buffers else []  # (first: the sanitizer records no refused launch)
         if sanitizer.enabled:  # the stream sanitizer (openreg/sanitizer.py): a launch that races raises here
             race = sanitizer.launch(q, buffers, writes, name, fn, args)
             if race is not None:
+                memory.release(spans)
                 fn = args = None  # this frame stays in the traceback: not with the kernel's arguments
                 raise race
         tag = _launch_hook(name, self.device, self.id) if _launch_hook is not None else None
-        spans = memory.acquire(buffers) if buffers else []
         with q.lock:  # the conditions' lock, taken directly: cheaper than entering a Condition
             q.launched += 1
             seq = q.launched
@@ -357,13 +358,14 @@ class Stream:
         start()
         q = self._q
         self.refuse_in_capture(name)
+        spans = memory.acquire(buffers) if buffers else []  # (first: the sanitizer records no refused launch)
         if sanitizer.enabled:  # the stream sanitizer: a launch that races raises here
             race = sanitizer.launch(q, buffers, writes, name, fn, args, host=host_sync)
             if race is not None:
+                memory.release(spans)
                 fn = args = None  # this frame stays in the traceback: not with the kernel's arguments
                 raise race
         tag = _launch_hook(name, self.device, self.id) if _launch_hook is not None else None
-        spans = memory.acquire(buffers) if buffers else []
         item = _Item(fn, args, spans, name, 0, tag)
         item.owner = threading.get_ident()
         with q.lock:

@@ -334,3 +334,25 @@ def test_the_environment_switch(run_python):
     assert done.stdout.strip() == "STREAM_RACE"
     off = run_python("import openreg; print(openreg.sanitizer.is_enabled())", {"OPENREG_STREAM_SANITIZER": "0"})
     assert off.stdout.strip() == "False"
+
+
+def test_a_launch_refused_for_dead_memory_leaves_no_access_behind():
+    """A launch naming memory whose free is pending fails before the sanitizer records it: the next allocation
+    at that address (the device reuses ranges at once) does not race with a launch that never ran."""
+    p = openreg.malloc(N)
+    holder, refusing = openreg.Stream(), openreg.Stream()
+    gate = threading.Event()
+    holder.launch(gate.wait, 10, buffers=[p], writes=(), name="holder")
+    openreg.free(p)  # pending: the holder still names it
+    with pytest.raises(OpenRegError) as info:
+        refusing.launch(lambda: None, buffers=[p], name="refused")
+    assert info.value.code == ErrorCode.INVALID_POINTER
+    gate.set()
+    holder.synchronize()
+    q = openreg.malloc(N)
+    try:
+        assert q == p  # (first fit)
+        read(openreg.Stream(), q)  # no race with "refused"
+        openreg.synchronize()
+    finally:
+        openreg.free(q)
