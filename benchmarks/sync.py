@@ -110,7 +110,7 @@ def breakdown(repeat: int) -> list[list[str]]:
             ["  of which Stream.launch of an empty kernel", us(queue)],
             ["wait: synchronize running the queued kernel", us(statistics.median(wait) * 1e-9)],
             ["  of which the stream's bookkeeping (empty kernel, no pages)", us(empty - bare)],
-            ["  of which opening and closing one page (mprotect pair)", us(paged - empty)],
+            ["  of which naming two extents (pinned and released; no protection change)", us(paged - empty)],
             ["  of which the CPU kernel (add.out on 16 floats)", us(cpu_kernel)],
             ["copy back: a.cpu() of a ready tensor", us(_best(lambda: a.cpu(), repeat, 50))]]
 # LITERALINCLUDE END: BENCH BREAKDOWN

@@ -29,6 +29,7 @@ from .memory import (
     mem_get_info,
     memory_used,
     pointer_attributes,
+    view_address,
 )
 from .memory import malloc as _malloc
 from .stream import (
@@ -59,7 +60,8 @@ def malloc(size: int, device: int | None = None) -> int:
 
 def launch(fn, *args, buffers=(), stream: Stream | None = None, name: str = "kernel", writes=None,
            cost: timing.Cost | None = None) -> int:
-    """Queue ``fn(*args)`` on ``stream`` (the current stream by default) with ``buffers`` opened;
+    """Queue ``fn(*args)`` on ``stream`` (the current stream by default) with ``buffers`` pinned (``fn`` reaches
+    them through :func:`view_address`);
     ``writes``: those of them it writes (for the stream sanitizer; None: any of them); ``cost`` is what the
     timing model charges for it when simulated time is on (``openreg.timing``)."""
     return (stream or current_stream()).launch(fn, *args, buffers=buffers, name=name, writes=writes, cost=cost)
@@ -74,6 +76,6 @@ __all__ = [
     "current_stream", "default_stream", "device_capacity", "device_count", "exchange_device", "free",
     "get_device", "get_device_properties", "get_stream", "host_free", "host_malloc", "launch", "malloc",
     "mem_get_info", "memcpy", "memcpy_async", "memcpy_dtoh", "memcpy_dtoh_into", "memcpy_htod", "memory_used",
-    "pointer_attributes",
+    "pointer_attributes", "view_address",
     "remove_launch_observer", "set_device", "set_launch_hook", "set_stream", "synchronize",
 ]

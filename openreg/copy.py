@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import ctypes
 import enum
-import os
 
-from . import memory, sanitizer, timing
-from ._libc import libc
+from . import memcheck, memory, sanitizer, timing
 from .errors import ErrorCode, OpenRegError
 from .stream import Stream, current_stream
 
@@ -50,7 +48,7 @@ def _check(dst: int, src: int, nbytes: int, kind: MemcpyKind) -> tuple[Stream, t
     dst_alloc = _side(dst, nbytes, kind in (MemcpyKind.HOST_TO_DEVICE, MemcpyKind.DEVICE_TO_DEVICE), "destination")
     src_alloc = _side(src, nbytes, kind in (MemcpyKind.DEVICE_TO_HOST, MemcpyKind.DEVICE_TO_DEVICE), "source")
     device_side = src_alloc if kind == MemcpyKind.DEVICE_TO_HOST else dst_alloc
-    # extents, not whole allocations: a copy opens only the pages it touches
+    # extents, not whole allocations: a copy names only the bytes it touches (what OPENREG_MEMCHECK opens)
     buffers = tuple((p, nbytes) for p, a in ((dst, dst_alloc), (src, src_alloc)) if a is not None)
     device = device_side.device if device_side is not None else None
     return current_stream(device), buffers, buffers[:1] if dst_alloc is not None else ()  # (what it writes)
@@ -62,8 +60,9 @@ def memcpy_async(dst: int, src: int, nbytes: int, kind: MemcpyKind, stream: Stre
     default, buffers, writes = _check(dst, src, nbytes, kind)
     if nbytes:
         cost = _cost(nbytes, kind) if timing.active else None
-        (stream or default).launch(ctypes.memmove, dst, src, nbytes, buffers=buffers, writes=writes, name="memcpy",
-                                   cost=cost)
+        view = memory.view_address  # the copy runs on the device's side: through the views
+        (stream or default).launch(ctypes.memmove, view(dst), view(src), nbytes, buffers=buffers, writes=writes,
+                                   name="memcpy", cost=cost)
 
 
 def memcpy(dst: int, src: int, nbytes: int, kind: MemcpyKind) -> None:
@@ -71,8 +70,9 @@ def memcpy(dst: int, src: int, nbytes: int, kind: MemcpyKind) -> None:
     stream, buffers, writes = _check(dst, src, nbytes, kind)
     if nbytes:
         cost = _cost(nbytes, kind) if timing.active else None
-        seq = stream.launch(ctypes.memmove, dst, src, nbytes, buffers=buffers, writes=writes, name="memcpy",
-                            cost=cost)
+        view = memory.view_address
+        seq = stream.launch(ctypes.memmove, view(dst), view(src), nbytes, buffers=buffers, writes=writes,
+                            name="memcpy", cost=cost)
         stream.wait_for(seq)
         stream.check_error()
 # LITERALINCLUDE END: RUNTIME MEMCPY
@@ -90,51 +90,50 @@ def _cost(nbytes: int, kind: MemcpyKind) -> timing.Cost:
 
 # LITERALINCLUDE START: COPY ENGINE
 class _CopyEngine:
-    """The device's copy engine: moves bytes between host and device memory without opening device pages
-    to the host. Kernels need their pages open (host code runs them); a synchronous copy does not, as
-    a DMA engine reads device memory while the CPU still cannot. Simulated with ``/proc/self/mem``, whose
-    reads and writes reach pages the process itself may not touch; where it cannot be opened (another
-    OS, a sandbox), ``available`` is False and copies run as kernels."""
-
-    def __init__(self) -> None:
-        self.fd = None  # opened on first use, and again in a forked child (see _forget)
-        os.register_at_fork(after_in_child=self._forget)
-
-    def _forget(self) -> None:
-        """In a forked child: the inherited file reads the parent's memory."""
-        self.fd = None
-
-    def _file(self) -> int:
-        fd = self.fd
-        if fd is None:
-            try:
-                fd = os.open("/proc/self/mem", os.O_RDWR | os.O_CLOEXEC)
-            except OSError:
-                fd = -1
-            self.fd = fd
-        return fd
-
-    @property
-    def available(self) -> bool:
-        return self._file() >= 0
+    """The device's copy engine: moves bytes between host memory and the device's view of its memory (a
+    ``memcpy``), as a DMA engine reads device memory that the CPU cannot. With ``OPENREG_MEMCHECK`` the
+    view is opened for the transfer alone."""
 
     def read(self, ptr: int, nbytes: int) -> bytearray:
         out = bytearray(nbytes)
-        if nbytes and os.preadv(self._file(), [out], ptr) != nbytes:
-            raise OpenRegError(ErrorCode.LAUNCH_FAILURE, f"copy engine: short read of {nbytes} bytes at 0x{ptr:x}")
+        if nbytes:
+            self.read_into(ptr, nbytes, ctypes.addressof((ctypes.c_char * nbytes).from_buffer(out)))
         return out
 
     def read_into(self, ptr: int, nbytes: int, host: int) -> None:
-        """Read ``nbytes`` at device address ``ptr`` straight into host memory at ``host`` (one ``pread``: a
-        ``.cpu()`` or ``.item()`` of a few bytes costs the system call, not a buffer object around it)."""
-        if nbytes and libc.pread(self._file(), host, nbytes, ptr) != nbytes:
-            raise OpenRegError(ErrorCode.LAUNCH_FAILURE, f"copy engine: short read of {nbytes} bytes at 0x{ptr:x}")
+        """Copy ``nbytes`` at device address ``ptr`` straight into host memory at ``host``."""
+        if memcheck.enabled:
+            with _opened(ptr, nbytes):
+                ctypes.memmove(host, memory.view_address(ptr), nbytes)
+        elif nbytes:
+            ctypes.memmove(host, memory.view_address(ptr), nbytes)
 
     def write(self, ptr: int, data) -> None:
         view = memoryview(data).cast("B")
-        if view.nbytes and os.pwrite(self._file(), view, ptr) != view.nbytes:
-            raise OpenRegError(ErrorCode.LAUNCH_FAILURE,
-                               f"copy engine: short write of {view.nbytes} bytes at 0x{ptr:x}")
+        nbytes = view.nbytes
+        if nbytes:
+            source = (ctypes.c_char * nbytes).from_buffer_copy(view) if view.readonly else \
+                (ctypes.c_char * nbytes).from_buffer(view)
+            with _opened(ptr, nbytes):
+                ctypes.memmove(memory.view_address(ptr), source, nbytes)
+
+
+class _opened:
+    """With ``OPENREG_MEMCHECK``: the view of ``nbytes`` at ``ptr`` is open while the engine copies."""
+
+    __slots__ = ("spans",)
+
+    def __init__(self, ptr: int, nbytes: int) -> None:
+        self.spans = memory.acquire([(ptr, nbytes)]) if memcheck.enabled else None
+
+    def __enter__(self) -> None:
+        if self.spans is not None:
+            memcheck.before(self.spans)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.spans is not None:
+            memcheck.after(self.spans)
+            memory.release(self.spans)
 
 
 _engine = _CopyEngine()
@@ -151,10 +150,8 @@ def _device_extent(ptr: int, nbytes: int, stream: Stream | None) -> Stream:
 def memcpy_dtoh(src: int, nbytes: int, stream: Stream | None = None, name: str = "memcpy",
                 about: object = None) -> bytearray | None:
     """``cudaMemcpy`` device to host into a new host buffer: waits for ``stream``'s earlier work (running it
-    here, reporting its errors), then the copy engine reads the bytes. None when there is no copy engine.
+    here, reporting its errors), then the copy engine reads the bytes.
     ``about``: what the bytes hold, for a stream sanitizer report (the client's describer reads it)."""
-    if not _engine.available:
-        return None
     stream = _ready_to_read(src, nbytes, stream, name, about)
     return stream.transfer(name, _engine.read, src, nbytes)
 
@@ -162,10 +159,7 @@ def memcpy_dtoh(src: int, nbytes: int, stream: Stream | None = None, name: str =
 def memcpy_dtoh_into(dst: int, src: int, nbytes: int, stream: Stream | None = None, name: str = "memcpy",
                      about: object = None) -> bool:
     """:func:`memcpy_dtoh` into host memory the caller owns (``dst``), with no buffer in between: a small
-    ``.cpu()`` or ``.item()`` reads straight into its result. False (nothing done) when there is no copy
-    engine. ``about`` as for :func:`memcpy_dtoh`."""
-    if not _engine.available:
-        return False
+    ``.cpu()`` or ``.item()`` reads straight into its result; returns True. ``about`` as for :func:`memcpy_dtoh`."""
     _side(dst, nbytes, False, "destination")
     stream = _ready_to_read(src, nbytes, stream, name, about)
     stream.transfer(name, _engine.read_into, src, nbytes, dst)
@@ -185,11 +179,9 @@ def _ready_to_read(src: int, nbytes: int, stream: Stream | None, name: str, abou
 def memcpy_htod(dst: int, data, stream: Stream | None = None, name: str = "memcpy", about: object = None,
                 blocking: bool = True) -> bool:
     """``cudaMemcpy`` host to device from a buffer: after ``stream``'s earlier work (which may still read
-    the old bytes), the copy engine writes. False (nothing done) when there is no copy engine.
+    the old bytes), the copy engine writes; returns True.
     ``blocking=False``: the program did not ask to wait (``cudaMemcpyAsync`` from pageable memory), so the
     stream sanitizer does not count the wait as the host's synchronization; ``about`` as for ``memcpy_dtoh``."""
-    if not _engine.available:
-        return False
     nbytes = memoryview(data).nbytes
     stream = _device_extent(dst, nbytes, stream)
     stream.refuse_in_capture(name)

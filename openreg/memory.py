@@ -1,32 +1,31 @@
 """Device and pinned host memory of the simulated accelerator.
 
-Device memory is real memory the host cannot touch: every allocation is its own
-page-aligned mapping (private memory on transparent huge pages when large, moved
-into a shared-memory file when exported to another process) kept at ``PROT_NONE``. A kernel or copy gets
-read/write access to the pages it names (:func:`grant`, reference counted, so
-kernels on different streams can share a buffer); a stream closes them again
-(:func:`revoke`) once the host synchronizes with it or it idles, so that
-back-to-back kernels share one opening (``openreg.stream``). Host code that
-dereferences a device pointer outside that window faults at once; the fault
-reporter (``openreg.fault``) names the allocation it hit.
+Device memory is memory the host can never touch. Each device is one shared-memory object
+(``openreg.arena``) mapped twice: the **device address range**, what ``malloc`` returns and PyTorch,
+the caching allocator, IPC handles and fault reports see, is ``PROT_NONE`` for the allocation's whole
+life; the **view** is the same memory, read/write, the simulated device's side of the bus. Kernels and
+the copy engine reach it through one translation, :func:`view_address` (a device pointer's view
+address); nothing else hands a view address out. Host code that dereferences a device pointer faults
+at once, while a kernel uses that memory or not; the fault reporter (``openreg.fault``) names the
+allocation it hit. No protection changes on the way: ``OPENREG_MEMCHECK=1`` (``openreg.memcheck``) adds
+them back on the views, as a debugging mode.
 
-Frees are stream-ordered: an allocation still named by queued or running work,
-or by finished work whose pages are still open, is released only when the
-stream lets go of it (:func:`release`), the way ``cudaFreeAsync`` behaves, so a
-caller may drop a buffer right after launching work on it.
+Frees are stream-ordered: an allocation still named by queued or running work is released only when
+that work is done (:func:`release`), the way ``cudaFreeAsync`` behaves, so a caller may drop a buffer
+right after launching work on it.
 """
 
 from __future__ import annotations
 
 import bisect
 import collections
-import ctypes
 import os
-import resource
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from . import _libc, sanitizer
+from . import memcheck, platform, sanitizer
+from .arena import Arena
 from .device import check_device, device_capacity, device_count, forked, start
 from .errors import ErrorCode, OpenRegError
 
@@ -37,18 +36,17 @@ UNREGISTERED = "unregistered"
 
 @dataclass
 class Allocation:
-    """One live allocation: ``ptr`` is its base, ``size`` what was asked for."""
+    """One live allocation: ``ptr`` is its base, ``size`` what was asked for, ``mapped`` its granules."""
 
     ptr: int
     size: int
     mapped: int
     kind: str
     device: int | None
-    uses: int = 0  # launches that name this allocation, from acquire until their stream releases them
-    open: dict = field(default_factory=dict)  # (first byte, end byte) -> grants holding those pages open
+    uses: int = 0  # launches that name this allocation, from acquire until their work is done
     free_pending: bool = field(default=False)
-    fd: int = -1  # the shared-memory file behind device memory once IPC exported it (or imported it)
     imported: bool = False  # mapped from another process's export
+    delta: int = 0  # its view's address minus its device address (0 for host memory)
 
 
 @dataclass(frozen=True)
@@ -63,19 +61,12 @@ class PointerAttributes:
 
 
 _lock = threading.RLock()
-# Opening and closing pages (grant/revoke) has its own lock: an mprotect of a large buffer takes
-# milliseconds, and a launch (acquire) must not wait for it. Acquired spans stay mapped meanwhile.
-_access_lock = threading.Lock()
 _allocs: dict[int, Allocation] = {}
 _bases: list[int] = []  # sorted allocation bases, to resolve interior pointers
-_used = [0] * device_count()  # bytes held per device (page-rounded)
+_used = [0] * device_count()  # bytes held per device (granule-rounded)
 _freed: collections.OrderedDict[int, None] = collections.OrderedDict()  # recent bases, for double-free reports
 _FREED_MEMORY = 4096
-
-# Each device allocation keeps its shared-memory file open (for IPC): allow as many as the system does.
-_soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-if _hard == resource.RLIM_INFINITY or _soft < _hard:
-    resource.setrlimit(resource.RLIMIT_NOFILE, (_hard if _hard != resource.RLIM_INFINITY else 1 << 20, _hard))
+_arenas: list[Arena | None] = [None] * device_count()  # each device's memory, created by its first malloc
 
 
 def _register(alloc: Allocation) -> None:
@@ -85,7 +76,7 @@ def _register(alloc: Allocation) -> None:
 
 
 def _unregister(alloc: Allocation) -> None:
-    _spans.clear()  # rare (a segment going back to the OS): simpler than finding its entries
+    _spans.clear()  # rare (a segment going back to the device): simpler than finding its entries
     del _allocs[alloc.ptr]
     del _bases[bisect.bisect_left(_bases, alloc.ptr)]
     _freed[alloc.ptr] = None
@@ -96,7 +87,7 @@ def _unregister(alloc: Allocation) -> None:
 def find(ptr: int, *, mapped: bool = False) -> Allocation | None:
     """The live allocation containing ``ptr`` (base or interior pointer), if any.
 
-    With ``mapped``, the page padding after the requested size counts too (for fault reports).
+    With ``mapped``, the padding after the requested size up to the granule counts too (for fault reports).
     """
     alloc = _allocs.get(ptr)
     if alloc is not None:
@@ -115,6 +106,70 @@ def _containing(ptr: int, mapped: bool = False) -> Allocation | None:
     return None
 
 
+# LITERALINCLUDE START: VIEW TRANSLATION
+# (first device address, end, view address minus device address) of each device arena and import.
+# Replaced, never changed in place, so the translation reads it without a lock.
+_views: tuple[tuple[int, int, int], ...] = ()
+_view_listeners: list[Callable[[tuple], None]] = []
+
+
+def view_address(ptr: int) -> int:
+    """The address through which kernels and the copy engine reach device pointer ``ptr`` (the device's
+    own view of its memory); host memory is its own view. Only device-side code calls this: a view
+    address handed to user code would let the host touch device memory."""
+    for lo, hi, delta in _views:
+        if lo <= ptr < hi:
+            return ptr + delta
+    return ptr
+
+
+def add_view_listener(fn: Callable[[tuple], None]) -> None:
+    """Call ``fn(ranges)`` now and whenever the ranges of :func:`view_address` change (the C++ bridge's
+    copy of the translation: ``(first device address, end, delta)`` tuples)."""
+    _view_listeners.append(fn)
+    fn(_views)
+
+
+def _set_views(views: tuple) -> None:
+    global _views
+    _views = views
+    for fn in _view_listeners:
+        fn(views)
+# LITERALINCLUDE END: VIEW TRANSLATION
+
+
+def device_address(addr: int) -> int | None:
+    """The device address whose view ``addr`` is, if it is in a view (the fault reporter, for memcheck)."""
+    for lo, hi, delta in _views:
+        if lo + delta <= addr < hi + delta:
+            return addr - delta
+    return None
+
+
+def arena_device(addr: int) -> int | None:
+    """The device whose address range holds ``addr``, allocated or not."""
+    for device, arena in enumerate(_arenas):
+        if arena is not None and arena.holds(addr):
+            return device
+    return None
+
+
+def _arena(device: int) -> Arena:
+    """``device``'s arena, created (with ``_lock`` held) by its first allocation."""
+    arena = _arenas[device]
+    if arena is None:
+        try:
+            arena = Arena(device, device_capacity(device))
+        except (OSError, MemoryError) as exc:
+            raise OpenRegError(ErrorCode.OUT_OF_MEMORY, f"out of memory on openreg:{device}: the host refused "
+                               f"{device_capacity(device)} bytes of device memory ({exc})") from None
+        if memcheck.enabled:
+            memcheck.seal(arena.base + arena.delta, arena.size)
+        _arenas[device] = arena
+        _set_views(_views + ((arena.base, arena.base + arena.size, arena.delta),))
+    return arena
+
+
 # LITERALINCLUDE START: RUNTIME MALLOC
 def malloc(size: int, device: int) -> int:
     """Allocate ``size`` bytes on ``device``; returns the pointer (0 for size 0)."""
@@ -124,7 +179,7 @@ def malloc(size: int, device: int) -> int:
         raise OpenRegError(ErrorCode.INVALID_VALUE, f"malloc of negative size {size} on openreg:{device}")
     if size == 0:
         return 0
-    mapped = _libc.round_up(size)
+    mapped = platform.round_up(size)
     capacity = device_capacity(device)
     with _lock:
         if _used[device] + mapped > capacity:
@@ -133,13 +188,16 @@ def malloc(size: int, device: int) -> int:
                 f"out of memory on openreg:{device}: tried to allocate {size} bytes; "
                 f"{_used[device]} bytes in use of {capacity} total, {capacity - _used[device]} free",
             )
-        ptr = _libc.map_device(mapped)
+        arena = _arena(device)
+        ptr = arena.take(mapped)
         if ptr is None:
             raise OpenRegError(
-                ErrorCode.OUT_OF_MEMORY, f"out of memory on openreg:{device}: the host refused {mapped} bytes"
+                ErrorCode.OUT_OF_MEMORY,
+                f"out of memory on openreg:{device}: tried to allocate {size} bytes; {capacity - _used[device]} "
+                "bytes are free but no free range holds them (fragmented)",
             )
         _used[device] += mapped
-        _register(Allocation(ptr, size, mapped, DEVICE, device))
+        _register(Allocation(ptr, size, mapped, DEVICE, device, delta=arena.delta))
     return ptr
 
 
@@ -165,7 +223,7 @@ def _free(ptr: int, kind: str) -> None:
 
 
 def _raise_bad_free(ptr: int, alloc: Allocation | None, kind: str) -> None:
-    # A freed base that a newer allocation now covers (mmap reuses addresses) is an interior pointer.
+    # A freed base that a newer allocation now covers (addresses are reused) is an interior pointer.
     inner = find(ptr) if alloc is None else None
     if (inner is None and alloc is None and ptr in _freed) or (alloc is not None and alloc.free_pending):
         raise OpenRegError(ErrorCode.DOUBLE_FREE, f"double free of {kind} pointer 0x{ptr:x}")
@@ -179,26 +237,35 @@ def _raise_bad_free(ptr: int, alloc: Allocation | None, kind: str) -> None:
 
 def _release(alloc: Allocation) -> None:
     _unregister(alloc)
-    _libc.unmap_pages(alloc.ptr, alloc.mapped)
-    if alloc.fd >= 0:
-        os.close(alloc.fd)
-    if alloc.kind == DEVICE and not alloc.imported:
+    if alloc.kind == HOST:
+        platform.unmap(alloc.ptr, alloc.mapped)
+    elif alloc.imported:
+        _set_views(tuple(v for v in _views if v[0] != alloc.ptr))
+        platform.unmap(alloc.ptr, alloc.mapped)
+        platform.unmap(alloc.ptr + alloc.delta, alloc.mapped)
+    else:
+        if memcheck.enabled:
+            memcheck.seal(alloc.ptr + alloc.delta, alloc.mapped)
+        _arenas[alloc.device].give(alloc.ptr, alloc.mapped)
         _used[alloc.device] -= alloc.mapped
 
 
 # LITERALINCLUDE START: RUNTIME IPC
 @dataclass(frozen=True)
 class IpcHandle:
-    """What another process needs to map an allocation (``cudaIpcMemHandle_t``): the file and where."""
+    """What another process needs to map an allocation (``cudaIpcMemHandle_t``): the device's shared-memory
+    object, the allocation's place in it (``file_offset``, ``mapped`` bytes) and the pointer's in that."""
 
     fd: int
     device: int
     mapped: int
     offset: int
+    file_offset: int = 0
 
 
 def ipc_export(ptr: int) -> IpcHandle:
-    """Describe the device allocation containing ``ptr`` for another process."""
+    """Describe the device allocation containing ``ptr`` for another process (free: the memory is shared
+    memory from the start; the descriptor stays the runtime's, the receiver gets a duplicate)."""
     alloc = find(ptr)
     if alloc is None or alloc.kind != DEVICE:
         raise OpenRegError(ErrorCode.INVALID_POINTER, f"ipc_export: 0x{ptr:x} is not openreg device memory")
@@ -208,53 +275,26 @@ def ipc_export(ptr: int) -> IpcHandle:
             f"ipc_export: 0x{ptr:x} was received from another process; only the process that allocated "
             "device memory can share it",
         )
-    if alloc.fd < 0:
-        _make_shareable(alloc)
-    return IpcHandle(alloc.fd, alloc.device, alloc.mapped, ptr - alloc.ptr)
+    arena = _arenas[alloc.device]
+    return IpcHandle(arena.fd, alloc.device, alloc.mapped, ptr - alloc.ptr, alloc.ptr - arena.base)
 
 
-def _make_shareable(alloc: Allocation) -> None:
-    """Move an allocation's pages into a shared-memory file, at the same address, for another process.
-
-    Device memory is private anonymous memory (huge pages make opening it cheap, see ``_libc.map_device``);
-    only what is exported pays for a file. No work may use the allocation meanwhile: its data is copied.
-    """
-    with _lock, _access_lock:
-        if alloc.uses or alloc.open:
-            raise OpenRegError(
-                ErrorCode.INVALID_VALUE,
-                f"ipc_export: the allocation at 0x{alloc.ptr:x} is used by queued or running work; "
-                "synchronize its device first",
-            )
-        fd = os.memfd_create(f"openreg{alloc.device}", os.MFD_CLOEXEC)
-        os.ftruncate(fd, alloc.mapped)
-        staging = _libc.map_pages(alloc.mapped, _libc.PROT_RW, fd)
-        if staging is None:
-            os.close(fd)
-            raise OpenRegError(ErrorCode.OUT_OF_MEMORY, f"ipc_export: cannot map {alloc.mapped} bytes to share")
-        try:
-            _libc.protect(alloc.ptr, alloc.mapped, _libc.PROT_RW)
-            for lo, hi in _libc.resident(alloc.ptr, alloc.mapped):
-                ctypes.memmove(staging + (lo - alloc.ptr), lo, hi - lo)
-            _libc.remap_shared(alloc.ptr, alloc.mapped, fd)  # PROT_NONE again
-        except BaseException:
-            _libc.protect(alloc.ptr, alloc.mapped, _libc.PROT_NONE)
-            os.close(fd)
-            raise
-        finally:
-            _libc.unmap_pages(staging, alloc.mapped)
-        alloc.fd = fd
-
-
-def ipc_open(fd: int, device: int, mapped: int) -> int:
-    """Map another process's allocation (this takes ownership of ``fd``); free it with :func:`free`."""
+def ipc_open(fd: int, device: int, mapped: int, file_offset: int = 0) -> int:
+    """Map another process's allocation, device range and view (this takes ownership of ``fd``, closed once
+    mapped); free it with :func:`free`."""
     check_device(device)
-    ptr = _libc.map_pages(mapped, _libc.PROT_NONE, fd)
-    if ptr is None:
+    try:
+        pair = platform.map_twice(fd, mapped, file_offset)
+    finally:
         os.close(fd)
+    if pair is None:
         raise OpenRegError(ErrorCode.INVALID_HANDLE, f"ipc_open: cannot map {mapped} bytes of openreg:{device}")
+    ptr, view = pair
+    if memcheck.enabled:
+        memcheck.seal(view, mapped)
     with _lock:
-        _register(Allocation(ptr, mapped, mapped, DEVICE, device, fd=fd, imported=True))
+        _register(Allocation(ptr, mapped, mapped, DEVICE, device, imported=True, delta=view - ptr))
+        _set_views(_views + ((ptr, ptr + mapped, view - ptr),))
     return ptr
 # LITERALINCLUDE END: RUNTIME IPC
 
@@ -266,8 +306,8 @@ def host_malloc(size: int) -> int:
         raise OpenRegError(ErrorCode.INVALID_VALUE, f"host_malloc of negative size {size}")
     if size == 0:
         return 0
-    mapped = _libc.round_up(size)
-    ptr = _libc.map_pages(mapped, _libc.PROT_RW)
+    mapped = platform.round_up(size)
+    ptr = platform.map_host(mapped)
     if ptr is None:
         raise OpenRegError(ErrorCode.OUT_OF_MEMORY, f"out of pinned host memory: tried to allocate {size} bytes")
     with _lock:
@@ -290,7 +330,7 @@ def pointer_attributes(ptr: int) -> PointerAttributes:
 
 
 def memory_used(device: int) -> int:
-    """Bytes of ``device`` memory held by live allocations (page-rounded)."""
+    """Bytes of ``device`` memory held by live allocations (granule-rounded)."""
     check_device(device)
     return _used[device]
 
@@ -302,16 +342,14 @@ def mem_get_info(device: int) -> tuple[int, int]:
 
 
 # LITERALINCLUDE START: RUNTIME ACCESS
-_protect, _PROT_RW, _PROT_NONE = _libc.protect, _libc.PROT_RW, _libc.PROT_NONE
-Span = tuple  # (allocation, first byte, end byte): page-aligned pages of one allocation a launch names
+Span = tuple  # (allocation, first byte, end byte): granule-aligned device addresses of what a launch names
 
 
 def acquire(buffers: tuple | list) -> list[Span]:
     """Pin what a launch names, at launch time: the allocations cannot be released before it ends.
 
     A buffer is a pointer (the whole allocation it points into) or a ``(pointer, nbytes)`` extent
-    (only the pages those bytes lie on). Opening only the pages a kernel names keeps the cost of
-    ``mprotect``, which grows with the number of pages, proportional to what the kernel touches.
+    (only the granules those bytes lie on: what ``OPENREG_MEMCHECK`` opens to the kernel).
     """
     spans = []
     with _lock:
@@ -337,7 +375,7 @@ _SPANS_SIZE = 1 << 16
 
 
 def _span_of(buffer: int | tuple[int, int]) -> Span | None:
-    """The pages a launch's buffer covers (``_lock`` held), checked against its allocation and remembered."""
+    """The granules a launch's buffer covers (``_lock`` held), checked against its allocation and remembered."""
     ptr, nbytes = (buffer, None) if type(buffer) is int else buffer
     if not ptr:
         return None
@@ -353,99 +391,17 @@ def _span_of(buffer: int | tuple[int, int]) -> Span | None:
                 ErrorCode.INVALID_VALUE,
                 f"launch names {nbytes} bytes at 0x{ptr:x}, beyond the allocation at 0x{base:x} of {alloc.size} bytes",
             )
-        mask = ~(_libc.PAGE - 1)  # allocations are page-aligned, so a page starts at ptr & mask
-        span = (alloc, ptr & mask, min(base + alloc.mapped, (ptr + (nbytes or 1) + _libc.PAGE - 1) & mask))
+        granule = platform.GRANULE
+        mask = ~(granule - 1)  # allocations are granule-aligned, so a granule starts at ptr & mask
+        span = (alloc, ptr & mask, min(base + alloc.mapped, (ptr + (nbytes or 1) + granule - 1) & mask))
     if len(_spans) >= _SPANS_SIZE:
         _spans.clear()
     _spans[buffer] = span
     return span
 
 
-def _merged(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    """The union of address ranges, as sorted disjoint ranges (touching ones joined)."""
-    out: list[tuple[int, int]] = []
-    for lo, hi in sorted(ranges):
-        if out and lo <= out[-1][1]:
-            if hi > out[-1][1]:
-                out[-1] = (out[-1][0], hi)
-        else:
-            out.append((lo, hi))
-    return out
-
-
-def _minus(ranges: list[tuple[int, int]], holes: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    """Sorted disjoint ``ranges`` without the sorted disjoint ``holes``."""
-    out = []
-    for lo, hi in ranges:
-        for hlo, hhi in holes:
-            if hhi <= lo or hlo >= hi:
-                continue
-            if hlo > lo:
-                out.append((lo, hlo))
-            lo = max(lo, hhi)
-            if lo >= hi:
-                break
-        if lo < hi:
-            out.append((lo, hi))
-    return out
-
-
-def grant(spans: list[Span]) -> None:
-    """Open the named pages to the host for a kernel or copy (reference counted); a stream closes them
-    with :func:`revoke` once the host synchronizes with it or it idles, not when the kernel ends.
-
-    Every synchronizing call opens and closes pages, so the common case (one page range, the
-    launches' tensors side by side in one caching-allocator segment) is one ``mprotect`` without
-    sorting or merging.
-    """
-    with _access_lock:
-        todo = None
-        for alloc, lo, hi in spans:
-            if alloc.kind == DEVICE:
-                opened, key = alloc.open, (lo, hi)
-                count = opened.get(key, 0)
-                opened[key] = count + 1
-                if not count:
-                    if todo is None:
-                        todo = [key]
-                    else:
-                        todo.append(key)
-        if todo is None:
-            return
-        for lo, hi in (todo if len(todo) == 1 else _merged(todo)):
-            _protect(lo, hi - lo, _PROT_RW)
-
-
-def revoke(spans: list[Span]) -> None:
-    """Close the pages again, except those another grant (a kernel on another stream) still holds open."""
-    with _access_lock:
-        closed = None
-        for alloc, lo, hi in spans:
-            if alloc.kind == DEVICE:
-                opened, key = alloc.open, (lo, hi)
-                count = opened[key] - 1
-                if count:
-                    opened[key] = count
-                    continue
-                del opened[key]
-                if closed is None:
-                    closed = {alloc.ptr: (alloc, [key])}
-                else:
-                    closed.setdefault(alloc.ptr, (alloc, []))[1].append(key)
-        if closed is None:
-            return
-        for alloc, ranges in closed.values():
-            if len(ranges) > 1:
-                ranges = _merged(ranges)
-            if alloc.open:  # pages another kernel still holds stay open
-                ranges = _minus(ranges, _merged(list(alloc.open)))
-            for lo, hi in ranges:
-                _protect(lo, hi - lo, _PROT_NONE)
-
-
 def release(spans: list[Span]) -> None:
-    """Undo :func:`acquire` for launches whose pages their stream has closed (or that were dropped): frees
-    waiting on them go through."""
+    """Undo :func:`acquire` for launches that have run (or were dropped): frees waiting on them go through."""
     with _lock:
         for alloc, _, _ in spans:
             alloc.uses -= 1

@@ -44,6 +44,9 @@ DEVICE_MEMORY = parse_size(os.environ.get("OPENREG_DEVICE_MEMORY", "4GiB"))  # c
 LAUNCH_BLOCKING = _flag("OPENREG_LAUNCH_BLOCKING", False)  # every launch waits for its work (debugging)
 STREAM_SANITIZER = _flag("OPENREG_STREAM_SANITIZER", False)  # every launch checked for races with other streams
 DEVICE_PROFILE = os.environ.get("OPENREG_DEVICE_PROFILE") or None  # the timing model's device profile (off)
+MEMCHECK = _flag("OPENREG_MEMCHECK", False)  # kernels see only the memory their launch names (debugging)
+PORTABLE_SHM = _flag("OPENREG_PORTABLE_SHM", False)  # POSIX shm_open instead of Linux's memfd_create
+PROTECTION_GRANULE = parse_size(os.environ.get("OPENREG_PROTECTION_GRANULE", "0"))  # 0: the OS page size
 # The PyTorch integration (torch_openreg/)
 FALLBACK_FAST = _flag("OPENREG_FALLBACK_FAST", True)  # the global fallback's accelerations (aten/fast/)
 LAUNCH_SITES = _flag("OPENREG_LAUNCH_SITES", False)  # profiler: each launch names the Python line that made it

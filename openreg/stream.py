@@ -25,14 +25,14 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from . import activity, memory, sanitizer, settings, slots, timing
+from . import activity, memcheck, memory, sanitizer, settings, slots, timing
 from .device import check_device, device_count, forked, get_device, start
 from .errors import ErrorCode, OpenRegError, launch_failure
 
 LAUNCH_BLOCKING = settings.LAUNCH_BLOCKING
 
 # LITERALINCLUDE START: STREAM SCHEDULING
-# Scheduling: when a stream's worker runs, and when device memory is closed again. The simulated device
+# Scheduling: when a stream's worker runs. The simulated device
 # computes on the host's own cores, so every choice below trades the launching thread's time against
 # the device's; the numbers are from this project's 2-core machine (docs/runtime.md, "When the worker runs").
 #
@@ -49,13 +49,6 @@ _IDLE = 1e-3  # seconds without a launch before the worker starts on queued work
 # their own). Work still completes unattended within _IDLE + _NAP_MAX of the last launch.
 _NAP_MAX = 8e-3  # longest nap of a worker that keeps finding the host still launching
 _AWAKE = 0.1  # seconds after the last launch that the worker keeps checking on its own, unwoken
-# Closing device memory (mprotect) costs in proportion to the pages changed and interrupts every core
-# for its TLB, and a training step re-opens the same weights and activations many times: what finished
-# items opened stays open until the host synchronizes with the stream (it then always finds memory
-# closed), until the stream has been idle for _LINGER, or until _CLOSE_EVERY spans have piled up (which
-# bounds the open memory of a stream the host never waits for). About one opening per buffer per step.
-_LINGER = 1e-3  # seconds a drained stream keeps finished items' buffers open for the next ones
-_CLOSE_EVERY = 4096  # spans finished items may leave open before they are closed anyway
 # LITERALINCLUDE END: STREAM SCHEDULING
 
 # LITERALINCLUDE START: KERNEL CONTEXT
@@ -81,12 +74,11 @@ PRIORITY_HIGH = -3
 
 
 class _Item:
-    __slots__ = ("fn", "args", "spans", "name", "seq", "granted", "owner", "outcome", "tag")
+    __slots__ = ("fn", "args", "spans", "name", "seq", "owner", "outcome", "tag")
 
     def __init__(self, fn: Callable[..., Any], args: tuple, spans: list, name: str, seq: int, tag: Any = None) -> None:
         self.fn, self.args, self.spans, self.name, self.seq = fn, args, spans, name, seq
         self.tag = tag  # what the launch hook returned for it (see set_launch_hook)
-        self.granted = False  # its pages were opened ahead of it, with the rest of a batch
         self.owner = 0  # for Stream.run_here: the thread that runs it (and gets its result); 0: anyone
         self.outcome: tuple | None = None  # for Stream.run_here: (True, result) or (False, exception)
 
@@ -107,28 +99,21 @@ class _Queue:
         self.error: OpenRegError | None = None
         self.closed = False
         self.worker: threading.Thread | None = None
-        self.open: list = []  # spans finished items left open (see run)
         self.idle = False  # the worker sleeps until a launch wakes it (see serve)
         self.last_launch = 0.0  # time.monotonic() of the last launch
-        self.last_done = 0.0  # time.monotonic() when the last item finished
-        self.ahead = 0  # items up to this sequence number had their pages opened ahead (_grant_ahead)
         self.capture = None  # while a graph capture (openreg.graph) records this stream's launches, or guards it
         self.hurried = False  # a host waits for the whole device: run the queue now, without waiting for _IDLE
         self.priority = PRIORITY_LOW  # its stream's: which worker takes the next free slot (openreg/slots.py)
 
     # LITERALINCLUDE START: STREAM RUN
     def run(self, item: _Item) -> None:
-        """Execute one item with its buffers open; keep the first error for the next sync.
-
-        Kernels share openings of device memory: what a finished item opened stays open until the host
-        synchronizes with the stream (:meth:`wait_for`, :meth:`settle`), until the stream has been
-        idle for ``_LINGER`` seconds, or until ``_CLOSE_EVERY`` spans have piled up (see the top of this module).
+        """Execute one item; keep the first error for the next sync. Its buffers are let go of once it has
+        run (frees waiting on them go through); with ``OPENREG_MEMCHECK`` their views are open only meanwhile.
         """
         started = time.perf_counter_ns()
         try:
-            if not item.granted:
-                memory.grant(item.spans)
-            self.open.extend(item.spans)
+            if memcheck.enabled:
+                memcheck.before(item.spans)
             if item.owner:
                 item.outcome = (True, item.fn(*item.args))
             else:
@@ -139,15 +124,16 @@ class _Queue:
             else:
                 self.fail(item.name, exc, getattr(item.tag, "launch_site", None))
         finally:
+            if memcheck.enabled:
+                memcheck.after(item.spans)
             activity.record(self.device, started, time.perf_counter_ns(), item.name)
             if _observers:
                 self._observe(item, started)
-        if len(self.open) > _CLOSE_EVERY:
-            self._close_open()
+        if item.spans:
+            memory.release(item.spans)
         with self.lock:
             self.busy = False
             self.done = item.seq
-            self.last_done = time.monotonic()
             if self.waiters:
                 self.cond.notify_all()
 
@@ -171,39 +157,17 @@ class _Queue:
                 print(f"openreg: launch observer {observer!r} failed after {item.name}:", file=sys.stderr)
                 traceback.print_exc()
 
-    def _close_open(self) -> None:
-        """Close what finished items left open and let their frees through (the caller holds ``busy``)."""
-        opened, self.open = self.open, []
-        if opened:
-            memory.revoke(opened)
-            memory.release(opened)
-
     def _settled(self) -> bool:
-        """With the lock held: True if all work is done and nothing is open; else close it if we can."""
-        if self.done < self.launched or self.busy:
-            return False
-        if not self.open:
-            return True
-        self.busy = True
-        self.cond.release()
-        try:
-            self._close_open()
-        finally:
-            self.cond.acquire()
-            self.busy = False
-            if self.waiters:
-                self.cond.notify_all()
-        return True
+        """With the lock held: True if all work is done."""
+        return self.done >= self.launched and not self.busy
     # LITERALINCLUDE END: STREAM RUN
 
     # LITERALINCLUDE START: STREAM WAIT
     def wait_for(self, seq: int, settle: bool = True, simulated: bool = True) -> None:
         """Block until launch ``seq`` has finished, running queued work here when the worker is idle.
 
-        A host that has waited for everything finds device memory closed again: it closes what
-        the finished items left open before it returns (``settle``). A wait queued on another stream
-        (``Stream.wait_event``) only needs ``seq`` done: the last item may be the very kernel whose
-        thread is waiting, so waiting for it to finish as well would wait forever.
+        ``settle``: the host waits (a graph capture refuses it, the timing model moves the host's clock);
+        a wait queued on another stream (``Stream.wait_event``) does not.
         """
         if forked():
             start()  # raises: the workers did not survive the fork
@@ -218,10 +182,7 @@ class _Queue:
             while True:
                 with lock:
                     if self.done >= seq:
-                        if not settle or self.items or self._settled() or not self.busy:
-                            return
-                        self._wait()  # the last item is finishing: close after it
-                        continue
+                        return
                     items = self.items
                     if not self.busy and items:
                         owner = items[0].owner
@@ -233,18 +194,9 @@ class _Queue:
                         self._wait()
                         continue
                     item = self._take()
-                    ahead = None
-                    if seq > self.ahead:  # once per wait: the queue is scanned once, not once per item
-                        if items:
-                            ahead = [it for it in (item, *items) if self.ahead < it.seq <= seq]
-                        elif item.seq > self.ahead:
-                            ahead = [item]
-                        self.ahead = seq
                 if scope is None:
                     scope = _kernel_context()
                     scope.__enter__()
-                if ahead:
-                    self._grant_ahead(ahead)
                 self.run(item)
         finally:
             if scope is not None:
@@ -258,21 +210,8 @@ class _Queue:
         finally:
             self.waiters -= 1
 
-    def _grant_ahead(self, items: list[_Item]) -> None:
-        """Open the pages of queued items this waiting host will run next, in one pass (holding ``busy``).
-
-        One ``mprotect`` per run of adjacent pages instead of one per kernel: each call also flushes
-        the TLBs of every core the process runs on, which slows a running CPU kernel's threads.
-        """
-        if len(items) == 1:
-            memory.grant(items[0].spans)
-        else:
-            memory.grant([span for it in items for span in it.spans])
-        for it in items:
-            it.granted = True  # run() counts its spans as open when it starts, as for any item
-
     def settle(self) -> bool:
-        """``query``: True if all launched work has finished (and then device memory is closed)."""
+        """``query``: True if all launched work has finished."""
         with self.lock:
             return self._settled()
     # LITERALINCLUDE END: STREAM WAIT
@@ -280,7 +219,7 @@ class _Queue:
     # LITERALINCLUDE START: STREAM SERVE
     def serve(self) -> None:
         """The worker thread: run items in order until the stream is gone and drained, by the
-        scheduling policy at the top of this module (``_IDLE``, ``_NAP_MAX``, ``_AWAKE``, ``_LINGER``)."""
+        scheduling policy at the top of this module (``_IDLE``, ``_NAP_MAX``, ``_AWAKE``)."""
         with _kernel_context():
             self._serve()
 
@@ -290,21 +229,16 @@ class _Queue:
             with self.cond:
                 while True:
                     if self.closed and not self.items:
-                        if self._settled():  # what finished items left open goes, and frees waiting on it
+                        if self._settled():
                             self.worker = None
                             return
-                        self.wake.wait(_LINGER)  # the last item is still finishing on a stealing host
+                        self.wake.wait(_IDLE)  # the last item is still finishing on a stealing host
                         continue
                     now = time.monotonic()
                     if self.items and not self.busy and not self.items[0].owner:
                         if self.hurried or now - self.last_launch >= _IDLE:
                             break  # the host has paused (or waits for the device): run the next item
                         timeout = max(self.last_launch + _IDLE - now, nap)
-                    elif self.open and not self.busy and not self.items:  # (a queued item is a host's)
-                        if now - self.last_done >= _LINGER:
-                            self._settled()
-                            continue
-                        timeout = self.last_done + _LINGER - now
                     elif self.busy or self.items or now - self.last_launch < _AWAKE:
                         timeout = nap  # a host is running the queue (or will: run_here), or may launch again
                     else:
@@ -343,12 +277,9 @@ class _Queue:
                 self.wake.notify()
 
     def close(self) -> None:
-        """The stream is gone: its worker drains the queue and exits; an idle queue is settled here and
-        now, so that frees waiting on its finished work go through at once."""
+        """The stream is gone: its worker drains the queue and exits."""
         with self.cond:
             self.closed = True
-            if not self.items:
-                self._settled()
             self.cond.notify_all()
             self.wake.notify()
 
@@ -384,8 +315,8 @@ class Stream:
         """Queue ``fn(*args)``; ``buffers`` are what it may touch: pointers or ``(pointer, nbytes)`` extents.
 
         Returns the launch's sequence number on this stream. The buffers are pinned
-        at once (a free before the work ends is deferred) and opened to the host
-        when ``fn`` runs; they are closed again by the time the host has synchronized.
+        at once (a free before the work ends is deferred); ``fn`` reaches them through
+        their views (``openreg.memory.view_address``), never through the device pointers.
         ``writes`` names those it writes, for the stream sanitizer (None: any of them).
         ``cost`` (FLOPs, bytes, kind) is what the timing model prices, when simulated time is on.
         """
@@ -398,13 +329,14 @@ class Stream:
                 if timing.pricing:  # the timing model: the recorded kernel keeps its cost for the replays
                     timing.captured(capture.graph, name, cost)
                 return seq
+        spans = memory.acquire(buffers) if buffers else []  # (first: the sanitizer records no refused launch)
         if sanitizer.enabled:  # the stream sanitizer (openreg/sanitizer.py): a launch that races raises here
             race = sanitizer.launch(q, buffers, writes, name, fn, args)
             if race is not None:
+                memory.release(spans)
                 fn = args = None  # this frame stays in the traceback: not with the kernel's arguments
                 raise race
         tag = _launch_hook(name, self.device, self.id) if _launch_hook is not None else None
-        spans = memory.acquire(buffers) if buffers else []
         with q.lock:  # the conditions' lock, taken directly: cheaper than entering a Condition
             q.launched += 1
             seq = q.launched
@@ -436,13 +368,14 @@ class Stream:
         start()
         q = self._q
         self.refuse_in_capture(name)
+        spans = memory.acquire(buffers) if buffers else []  # (first: the sanitizer records no refused launch)
         if sanitizer.enabled:  # the stream sanitizer: a launch that races raises here
             race = sanitizer.launch(q, buffers, writes, name, fn, args, host=host_sync)
             if race is not None:
+                memory.release(spans)
                 fn = args = None  # this frame stays in the traceback: not with the kernel's arguments
                 raise race
         tag = _launch_hook(name, self.device, self.id) if _launch_hook is not None else None
-        spans = memory.acquire(buffers) if buffers else []
         item = _Item(fn, args, spans, name, 0, tag)
         item.owner = threading.get_ident()
         with q.lock:
@@ -513,7 +446,7 @@ class Stream:
             self._q.fail(name, exc)
 
     def query(self) -> bool:
-        """True if all launched work has finished (device memory is then closed to the host)."""
+        """True if all launched work has finished."""
         if self._q.capture is not None:
             self._q.capture.refuse(self._q, "a stream query")
         seq = self._q.launched
@@ -639,8 +572,8 @@ def synchronize(device: int | None = None) -> None:
 
 
 def drain(device: int | None = None) -> list[_Queue]:
-    """Wait for every stream of ``device`` and close what its work left open, so that frees waiting
-    for that work go through; kernel errors stay for the next synchronizing call. An allocator that
+    """Wait for every stream of ``device``, so that frees waiting for its work go through; kernel errors
+    stay for the next synchronizing call. An allocator that
     must make room (as ``cudaFree`` synchronizes the device) calls this."""
     device = check_device(get_device() if device is None else device)
     refs = _device_queues.get(device)

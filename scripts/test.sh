@@ -22,3 +22,14 @@ OPENREG_FALLBACK_FAST=0 python -m pytest -q tests/torch/test_conformance.py test
 OPENREG_STREAM_SANITIZER=1 python -m pytest -q tests/runtime tests/torch/test_streams_events.py \
     tests/torch/test_copy_matrix.py tests/torch/test_memory.py tests/torch/test_autograd.py tests/torch/test_amp.py \
     -k "not test_copy_matrix or contiguous or repro or pending or host_threads"
+# The portable POSIX path (docs/runtime.md, "Porting"): device memory in shm_open objects, as on macOS, and
+# allocations protected by 16 KiB granules, as Apple silicon's pages: the runtime, memory, IPC and fork,
+# copies, and a training slice, on this machine.
+OPENREG_PORTABLE_SHM=1 python -m pytest -q tests/runtime tests/torch/test_memory.py tests/torch/test_fork.py \
+    tests/torch/test_copy_matrix.py tests/torch/test_autograd.py
+OPENREG_PROTECTION_GRANULE=16KiB python -m pytest -q tests/runtime tests/torch/test_memory.py \
+    tests/torch/test_ops.py tests/torch/test_copy_matrix.py tests/torch/test_compile.py
+# OPENREG_MEMCHECK (docs/debugging.md): each launch opens only the views it names, so these prove that the
+# kernels of the fallback, the bridge, compiled graphs, collectives and graph replays touch only what they name.
+OPENREG_MEMCHECK=1 python -m pytest -q tests/runtime tests/torch/test_ops.py tests/torch/test_autograd.py \
+    tests/torch/test_compile.py tests/torch/test_graphs.py tests/torch/test_distributed_local.py

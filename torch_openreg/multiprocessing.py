@@ -2,9 +2,9 @@
 
 PyTorch pickles a tensor sent through a ``torch.multiprocessing`` queue as its
 storage plus metadata. For openreg storages this module's reducer exports the
-device allocation (the runtime's shared-memory file, passed as a duplicated
-file descriptor) with the storage's offset in it; the receiving process maps
-the same memory and rebuilds the storage over it. Both processes then see the
+device allocation (the device's shared-memory object, passed as a duplicated
+file descriptor, with the allocation's place in it and the storage's offset in
+that); the receiving process maps the allocation and rebuilds the storage over it. Both processes then see the
 same device memory, like CUDA IPC. As with CUDA, the sender must keep the
 tensor alive while the receiver uses it, and a received tensor cannot be
 shared onward.
@@ -23,12 +23,12 @@ from torch_openreg import _C
 
 # LITERALINCLUDE START: IPC REDUCE
 def _export(untyped: torch.UntypedStorage) -> tuple:
-    """Reduce args for an openreg storage: the allocation's file, its size, and the storage's place in it."""
+    """Reduce args for an openreg storage: the device's shared-memory object, the allocation's size and place
+    in it, and the storage's place in the allocation."""
     device = untyped.device.index
     if untyped.nbytes() == 0:
-        return (None, device, 0, 0, 0)
-    for index in range(openreg.device_count()):
-        openreg.stream.drain(index)  # the export copies the allocation into a shared file: no work may use it
+        return (None, device, 0, 0, 0, 0)
+    openreg.stream.drain(device)  # the receiver sees what was queued before the send (CUDA's IPC event)
     try:
         handle = openreg.ipc_export(untyped.data_ptr())
     except openreg.OpenRegError as error:
@@ -36,14 +36,15 @@ def _export(untyped: torch.UntypedStorage) -> tuple:
             "Cannot share an openreg tensor that was received from another process: only the process "
             f"that allocated it can share it ({error.message})"
         ) from None
-    return (DupFd(handle.fd), device, handle.mapped, handle.offset, untyped.nbytes())
+    return (DupFd(handle.fd), device, handle.mapped, handle.offset, untyped.nbytes(), handle.file_offset)
 
 
-def rebuild_storage(fd, device: int, mapped: int, offset: int, nbytes: int) -> torch.UntypedStorage:
+def rebuild_storage(fd, device: int, mapped: int, offset: int, nbytes: int, file_offset: int = 0
+                    ) -> torch.UntypedStorage:
     """Map the sender's allocation here and wrap the storage's bytes (no copy)."""
     if fd is None:
         return torch.UntypedStorage(0, device=torch.device("openreg", device))
-    base = openreg.ipc_open(fd.detach(), device, mapped)
+    base = openreg.ipc_open(fd.detach(), device, mapped, file_offset)
     return _C._ipc_tensor(base + offset, nbytes, device, base).untyped_storage()
 # LITERALINCLUDE END: IPC REDUCE
 

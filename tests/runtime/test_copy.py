@@ -109,7 +109,7 @@ def test_async_copy_is_ordered_with_kernels(dev, payload):
     d = dev()
     stream = openreg.Stream()
     openreg.memcpy_async(d, src_ptr, N, H2D, stream=stream)
-    stream.launch(lambda: ctypes.memset(d, 0xFF, 16), buffers=[d])  # a kernel between the copies
+    stream.launch(lambda: ctypes.memset(openreg.view_address(d), 0xFF, 16), buffers=[d])  # a kernel between the copies
     openreg.memcpy_async(dst_ptr, d, N, D2H, stream=stream)
     stream.synchronize()
     assert dst.raw == b"\xff" * 16 + payload[16:]
@@ -234,19 +234,25 @@ def test_rejected_copies_leave_memory_untouched(dev, payload):
     assert dst.raw[:100] == bytes(100)
 
 
-# The copy engine: synchronous host<->device copies that never open device pages to the host.
-def _opened(ptr: int) -> dict:
-    from openreg import memory
-
-    return dict(memory.find(ptr).open)
+# The copy engine: synchronous host<->device copies through the device's view (a memcpy), never through the
+# device addresses, which stay closed to the host.
+def _opened(ptr: int) -> str:
+    """The host's permissions on the device page holding ``ptr`` (never opened)."""
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            span, perms = line.split()[:2]
+            lo, hi = (int(x, 16) for x in span.split("-"))
+            if lo <= ptr < hi:
+                return perms[:3]
+    raise LookupError(hex(ptr))
 
 
 def test_copy_engine_round_trip_keeps_pages_closed(dev, payload):
     d = dev()
     assert openreg.memcpy_htod(d, payload)
-    assert _opened(d) == {}
+    assert _opened(d) == "---"
     assert bytes(openreg.memcpy_dtoh(d, N)) == payload
-    assert _opened(d) == {}
+    assert _opened(d) == "---"
     assert bytes(openreg.memcpy_dtoh(d + 5000, 100)) == payload[5000:5100]  # an interior extent
 
 
@@ -255,7 +261,7 @@ def test_copy_engine_is_ordered_after_the_stream_and_reports_its_errors(dev, pay
     src, src_ptr = host(payload)
     openreg.memcpy(d, src_ptr, N, H2D)
     stream = openreg.Stream()
-    stream.launch(lambda: ctypes.memset(d, 0xAB, 8), buffers=[d])  # queued: the read must see it
+    stream.launch(lambda: ctypes.memset(openreg.view_address(d), 0xAB, 8), buffers=[d])  # queued: the read must see it
     assert bytes(openreg.memcpy_dtoh(d, 16, stream)) == b"\xab" * 8 + payload[8:16]
     with pytest.raises(OpenRegError) as info:  # (OPENREG_LAUNCH_BLOCKING: raised by the launch itself)
         stream.launch(lambda: 1 / 0, name="bad")
@@ -280,11 +286,11 @@ def test_copy_engine_reads_straight_into_host_memory_after_the_stream(dev, paylo
     d = dev()
     assert openreg.memcpy_htod(d, payload)
     stream = openreg.Stream()
-    stream.launch(lambda: ctypes.memset(d + 8, 0xCD, 4), buffers=[d])  # queued: the read must see it
+    stream.launch(lambda: ctypes.memset(openreg.view_address(d) + 8, 0xCD, 4), buffers=[d])  # queued: read sees it
     out, out_ptr = host(32)
     assert openreg.memcpy_dtoh_into(out_ptr, d, 16, stream)
     assert out.raw[:16] == payload[:8] + b"\xcd" * 4 + payload[12:16] and out.raw[16:] == bytes(16)
-    assert _opened(d) == {}
+    assert _opened(d) == "---"
 
 
 def test_copy_engine_read_into_refuses_a_device_destination_and_overruns(dev):

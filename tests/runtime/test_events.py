@@ -66,11 +66,11 @@ def test_rerecord_captures_new_work(gate):
 
 def _gated_write(gate, ptr, value):
     gate.wait()
-    ctypes.c_int64.from_address(ptr).value = value
+    ctypes.c_int64.from_address(openreg.view_address(ptr)).value = value
 
 
 def _read(ptr, out):
-    out.append(ctypes.c_int64.from_address(ptr).value)
+    out.append(ctypes.c_int64.from_address(openreg.view_address(ptr)).value)
 
 
 def test_wait_event_orders_work_across_streams(gate):

@@ -1,4 +1,5 @@
-"""The fault reporter: a host access to device memory kills the process with SIGSEGV and names what it hit."""
+"""The fault reporter: a host access to device memory kills the process with SIGSEGV and names what it hit,
+at every moment, while kernels use that memory too."""
 
 from __future__ import annotations
 
@@ -83,37 +84,93 @@ def test_faulthandler_enabled_later_replaces_the_reporter(run_python):
     assert not _REPORT.search(proc.stderr)
 
 
-def test_kernel_touching_a_buffer_it_did_not_name_is_reported(run_python):
-    """Only the buffers named at launch are opened: a kernel reaching for another faults on its worker thread."""
-    code = """
-import ctypes, time
+@pytest.mark.parametrize("wait", ["a kernel on another stream uses it", "the kernel has run", "the device is idle"])
+def test_host_access_through_a_device_pointer_faults_while_kernels_use_the_memory(run_python, wait):
+    """The device address range is never opened: not while a kernel computes on the memory (through the
+    view), not after it, not between kernels."""
+    code = f"""
+import ctypes, threading
 import openreg
-named, other = openreg.malloc(64), openreg.malloc(32)
-print(hex(other), flush=True)
-openreg.Stream().launch(lambda: ctypes.string_at(other, 4), buffers=[named], name="sloppy")
-time.sleep(10)  # the worker thread faults meanwhile
+p = openreg.malloc(64)
+print(hex(p), flush=True)
+running, gate = threading.Event(), threading.Event()
+def kernel():
+    ctypes.memset(openreg.view_address(p), 1, 64)
+    running.set()
+    gate.wait(20)
+side = openreg.Stream()
+wait = {wait!r}
+if wait != "the device is idle":
+    side.launch(kernel, buffers=[p], name="busy")
+    running.wait(20)
+if wait == "the kernel has run":
+    gate.set()
+    side.synchronize()
+ctypes.c_float.from_address(p).value
 print("survived", flush=True)
 """
     proc = run_python(code)
     ptr = int(proc.stdout.split()[0], 16)
     assert proc.returncode == SIGSEGV, (proc.returncode, proc.stderr)
+    assert "survived" not in proc.stdout
     match = _REPORT.search(proc.stderr)
     assert match, proc.stderr
-    assert match.groups() == (hex(ptr), "0", "inside", hex(ptr), "32", "0")
+    assert match.groups() == (hex(ptr), "0", "inside", hex(ptr), "64", "0")
 
 
-def test_kernel_may_read_the_same_buffer(run_python):
+def test_host_access_to_freed_device_memory_is_reported(run_python):
+    proc, ptr = _crash(run_python, "openreg.free(p)\nctypes.string_at(p, 8)")
+    assert proc.returncode == SIGSEGV, (proc.returncode, proc.stderr)
+    assert f"accessed device memory at 0x{ptr:x} on openreg:0, which no allocation holds" in proc.stderr
+
+
+def test_kernel_touching_a_buffer_it_did_not_name_is_reported_under_memcheck(run_python):
+    """With OPENREG_MEMCHECK only the views of the buffers named at launch are open: a kernel reaching for
+    another faults on its worker thread, reported under the device address (the view's never shows)."""
+    code = """
+import ctypes, time
+import openreg
+named, other = openreg.malloc(64), openreg.malloc(32)
+print(hex(other), flush=True)
+openreg.Stream().launch(lambda: ctypes.string_at(openreg.view_address(other), 4), buffers=[named], name="sloppy")
+time.sleep(10)  # the worker thread faults meanwhile
+print("survived", flush=True)
+"""
+    proc = run_python(code, env={"OPENREG_MEMCHECK": "1"})
+    ptr = int(proc.stdout.split()[0], 16)
+    assert proc.returncode == SIGSEGV, (proc.returncode, proc.stderr)
+    assert (f"openreg: a kernel accessed device memory at 0x{ptr:x}, offset 0 inside allocation 0x{ptr:x} of 32 "
+            "bytes on openreg:0, which its launch did not name (OPENREG_MEMCHECK)") in proc.stderr
+
+
+def test_without_memcheck_a_kernel_may_reach_any_view(run_python):
+    code = """
+import ctypes
+import openreg
+named, other = openreg.malloc(64), openreg.malloc(32)
+out = []
+openreg.launch(lambda: out.append(ctypes.string_at(openreg.view_address(other), 4)), buffers=[named])
+openreg.synchronize()
+print(out)
+"""
+    proc = run_python(code, env={"OPENREG_MEMCHECK": "0"})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == repr([bytes(4)])
+
+
+@pytest.mark.parametrize("memcheck", ["0", "1"])
+def test_kernel_may_read_the_same_buffer(run_python, memcheck):
     """The same read, inside a kernel that names the buffer, works (and sees zeroed memory)."""
     code = """
 import ctypes
 import openreg
 p = openreg.malloc(64)
 out = []
-openreg.launch(lambda: out.append(ctypes.string_at(p, 8)), buffers=[p])
+openreg.launch(lambda: out.append(ctypes.string_at(openreg.view_address(p), 8)), buffers=[p])
 openreg.synchronize()
 print(out)
 """
-    proc = run_python(code)
+    proc = run_python(code, env={"OPENREG_MEMCHECK": memcheck})
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == repr([bytes(8)])
 
@@ -122,7 +179,7 @@ def test_kernel_read_in_process():
     p = openreg.malloc(64)
     out = []
     try:
-        openreg.launch(lambda: out.append(ctypes.string_at(p, 8)), buffers=[p])
+        openreg.launch(lambda: out.append(ctypes.string_at(openreg.view_address(p), 8)), buffers=[p])
         openreg.synchronize()
     finally:
         openreg.free(p)
@@ -144,7 +201,7 @@ def test_describe():
     finally:
         openreg.free(p)
         openreg.host_free(h)
-    assert fault.describe(p) is None  # no longer device memory
+    assert "which no allocation holds" in fault.describe(p)  # still the device's address range, unallocated
 
 
 def test_install_is_idempotent():

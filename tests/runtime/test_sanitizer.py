@@ -35,13 +35,14 @@ def buf():
 
 
 def write(stream: openreg.Stream, p: int, value: int = 1, nbytes: int = N, name: str = "write") -> int:
-    return stream.launch(ctypes.memset, p, value, nbytes, buffers=[(p, nbytes)], writes=[(p, nbytes)], name=name)
+    return stream.launch(ctypes.memset, openreg.view_address(p), value, nbytes, buffers=[(p, nbytes)],
+                         writes=[(p, nbytes)], name=name)
 
 
 def read(stream: openreg.Stream, p: int, out: list | None = None, nbytes: int = N, name: str = "read") -> int:
     def kernel() -> None:
         if out is not None:
-            out.append(ctypes.string_at(p, nbytes))
+            out.append(ctypes.string_at(openreg.view_address(p), nbytes))
     return stream.launch(kernel, buffers=[(p, nbytes)], writes=(), name=name)
 
 
@@ -322,7 +323,7 @@ def test_the_environment_switch(run_python):
         "import ctypes, openreg\n"
         "assert openreg.sanitizer.is_enabled()\n"
         "p = openreg.malloc(8); s = openreg.Stream()\n"
-        "s.launch(ctypes.memset, p, 1, 8, buffers=[(p, 8)], writes=[(p, 8)], name='w')\n"
+        "s.launch(ctypes.memset, openreg.view_address(p), 1, 8, buffers=[(p, 8)], writes=[(p, 8)], name='w')\n"
         "try:\n"
         "    openreg.launch(lambda: None, buffers=[(p, 8)], writes=(), name='r')\n"
         "except openreg.OpenRegError as e:\n"
@@ -333,3 +334,25 @@ def test_the_environment_switch(run_python):
     assert done.stdout.strip() == "STREAM_RACE"
     off = run_python("import openreg; print(openreg.sanitizer.is_enabled())", {"OPENREG_STREAM_SANITIZER": "0"})
     assert off.stdout.strip() == "False"
+
+
+def test_a_launch_refused_for_dead_memory_leaves_no_access_behind():
+    """A launch naming memory whose free is pending fails before the sanitizer records it: the next allocation
+    at that address (the device reuses ranges at once) does not race with a launch that never ran."""
+    p = openreg.malloc(N)
+    holder, refusing = openreg.Stream(), openreg.Stream()
+    gate = threading.Event()
+    holder.launch(gate.wait, 10, buffers=[p], writes=(), name="holder")
+    openreg.free(p)  # pending: the holder still names it
+    with pytest.raises(OpenRegError) as info:
+        refusing.launch(lambda: None, buffers=[p], name="refused")
+    assert info.value.code == ErrorCode.INVALID_POINTER
+    gate.set()
+    holder.synchronize()
+    q = openreg.malloc(N)
+    try:
+        assert q == p  # (first fit)
+        read(openreg.Stream(), q)  # no race with "refused"
+        openreg.synchronize()
+    finally:
+        openreg.free(q)

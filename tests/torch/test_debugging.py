@@ -17,7 +17,8 @@ def make():
     return torch.arange(64.0, device="openreg")
 t = make()
 print(hex(t.data_ptr()), flush=True)
-torch_openreg._C._host_view(t)[3].item()  # a host read of device memory
+import ctypes
+ctypes.c_float.from_address(t.data_ptr() + 12).value  # a host read of device memory
 print("survived", flush=True)
 """
 

@@ -1,47 +1,73 @@
-"""The synchronous path: small results read back without a kernel and without opening device pages."""
+"""The synchronous path: small results read back by the copy engine (a memcpy from the device's view),
+without a kernel; and device pointers that the host can never read, while kernels use the memory or not."""
 
 from __future__ import annotations
+
+import signal
 
 import pytest
 import torch
 
 import openreg
-from openreg import memory
 
 
 @pytest.fixture
-def grants(monkeypatch):
-    """Every page range the runtime opens to the host, from now on."""
-    opened = []
-    real = memory.grant
+def launches(monkeypatch):
+    """The names of the kernels launched from now on (copy-engine transfers are not launches)."""
+    names = []
+    launch, run_here = openreg.Stream.launch, openreg.Stream.run_here
 
-    def counting(spans):
-        opened.extend(spans)
-        real(spans)
+    def counting_launch(self, fn, *args, name="kernel", **kwargs):
+        names.append(name)
+        return launch(self, fn, *args, name=name, **kwargs)
 
-    monkeypatch.setattr(memory, "grant", counting)
-    return opened
+    def counting_run_here(self, fn, *args, name="kernel", **kwargs):
+        names.append(name)
+        return run_here(self, fn, *args, name=name, **kwargs)
+
+    monkeypatch.setattr(openreg.Stream, "launch", counting_launch)
+    monkeypatch.setattr(openreg.Stream, "run_here", counting_run_here)
+    return names
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.bool, torch.complex64])
-def test_contiguous_reads_open_no_page(dtype, grants, no_leak):
-    if not openreg.copy._engine.available:
-        pytest.skip("no copy engine here (/proc/self/mem cannot be opened): copies run as kernels")
+def test_contiguous_reads_launch_no_kernel(dtype, launches, no_leak):
     x = (torch.randn(3, 5) * 4).to(dtype)
     d = x.to("openreg")
     torch.openreg.synchronize()
-    grants.clear()
+    launches.clear()
     got, row, item = d.cpu(), d[1].cpu(), d[2, 3].item()
-    assert grants == []
+    assert launches == []
     torch.testing.assert_close(got, x, rtol=0, atol=0)
     torch.testing.assert_close(row, x[1], rtol=0, atol=0)
     assert item == x[2, 3].item()
 
 
-def test_a_read_after_queued_work_sees_it_and_leaves_the_pages_closed(grants, no_leak):
+def test_a_read_after_queued_work_sees_it(launches, no_leak):
     a = torch.arange(16.0, device="openreg")
     b = (a * 2 + 1).sum()  # queued kernels: the read runs them first
     assert b.item() == float((torch.arange(16.0) * 2 + 1).sum())
     torch.testing.assert_close((a + a).cpu(), torch.arange(16.0) * 2)
-    assert grants  # the kernels had their pages opened ...
-    assert all(not span[0].open for span in grants)  # ... and closed again by the time the host had its result
+    assert launches  # the kernels were launched, and the reads saw what they wrote
+
+
+def test_host_access_through_a_device_pointer_faults_while_a_kernel_on_another_stream_uses_it(run_python):
+    """Issue 30: with the pages opened for running kernels, this read returned 1.0; the device address range
+    is now closed at every moment (kernels compute through the device's view)."""
+    code = (
+        "import ctypes, time, torch\n"
+        "y = torch.ones(1500, 1500, device='openreg')\n"
+        "side = torch.openreg.Stream()\n"
+        "torch.openreg.synchronize()\n"
+        "with torch.openreg.stream(side):\n"
+        "    for _ in range(4):\n"
+        "        z = y @ y\n"
+        "time.sleep(0.05)  # the side stream's worker has started on the products\n"
+        "print('ptr', hex(y.data_ptr()), 'done' if side.query() else 'running', flush=True)\n"
+        "print(ctypes.c_float.from_address(y.data_ptr()).value, flush=True)\n"
+    )
+    proc = run_python(code)
+    assert proc.returncode == -signal.SIGSEGV, (proc.returncode, proc.stdout, proc.stderr)
+    ptr = proc.stdout.split()[1]
+    assert len(proc.stdout.splitlines()) == 1  # nothing was read
+    assert f"openreg: host code accessed device memory at {ptr}" in proc.stderr

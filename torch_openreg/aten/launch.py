@@ -36,8 +36,9 @@ def host_views(*tensors: torch.Tensor | None) -> list[torch.Tensor | None]:
 def detach_frames(exc: BaseException | None, where: str = "kernel") -> None:
     """Drop the frames of a kernel's exception: their arguments are host views of device memory.
 
-    Outside the kernel those views point at protected memory: a test runner or debugger that
-    formats the frames' arguments would fault. The traceback is kept as text, in a note.
+    Those views are the device's own view of its memory (``openreg.view_address``), which user code must
+    never hold: a test runner or debugger that kept the frames would hand it out. The traceback is kept as
+    text, in a note.
     """
     if hasattr(exc, "add_note") and exc.__traceback__ is not None:
         exc.add_note(f"{where} traceback:\n" + "".join(traceback.format_tb(exc.__traceback__)).rstrip())
@@ -81,7 +82,7 @@ def launch(device: int, fn: Callable[..., Any], *args: Any, tensors: tuple | lis
     if openreg.timing.pricing:  # the timing model: a launch its site did not price (torch_openreg/timing)
         timing_costs.price_launch(name, tensors, writes)
     try:
-        # the storages' extents: the runtime opens only their pages while the kernel runs
+        # the storages' extents: what the launch names (and OPENREG_MEMCHECK opens while it runs)
         written = _C._extents(writes) if writes is not None and openreg.sanitizer.enabled else None
         return launch_extents(device, fn, *args, extents=_C._extents(tensors), name=name, sync=sync,
                               writes=written, host_sync=host_sync)

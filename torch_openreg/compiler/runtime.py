@@ -1,13 +1,12 @@
 """What Inductor's generated wrapper code calls at run time on openreg.
 
 A compiled graph is ordinary openreg work: its buffers come from the caching allocator of the device
-the graph runs on, and its C++ kernels run as launches on that device's current stream, with the
-device memory of their tensors opened only while they run. The runtime cannot tell a compiled kernel
-from a fallback kernel: both are ``openreg.Stream.launch`` of a Python callable.
+the graph runs on, and its C++ kernels run as launches on that device's current stream. The runtime
+cannot tell a compiled kernel from a fallback kernel: both are ``openreg.Stream.launch`` of a Python callable.
 
-Device memory is ordinary host memory that the runtime keeps closed (``PROT_NONE``) outside kernels,
-so inside a launch the raw device pointers of the tensors are valid host pointers: the C++ kernels
-take them directly (Inductor's ``cpp_pybinding`` reads ``tensor.data_ptr()``), no host views needed.
+The C++ kernels take raw pointers (Inductor's ``cpp_pybinding`` reads ``tensor.data_ptr()``), and a
+device pointer is never readable by the host: each openreg tensor argument is handed to them as its host
+view, whose pointer is the device's own view of that memory (``openreg.memory.view_address``).
 """
 
 from __future__ import annotations
@@ -37,13 +36,20 @@ def launch_kernels(index: int, name: str, tensors: tuple, *calls: Callable | tup
                    written: tuple | None = None) -> None:
     """Queue ``calls`` (kernel, args, kernel, args, ...) as one launch on ``openreg:index``'s current stream.
 
-    ``tensors`` are every tensor the kernels touch: the launch opens their storages' pages while it runs.
+    ``tensors`` are every tensor the kernels touch: the launch pins their storages until it has run.
     ``written`` are those the kernels write (their non-``const`` pointer arguments), for the stream sanitizer.
     """
     if openreg.timing.pricing:  # the timing model prices the kernel by its bytes (torch_openreg/timing)
         timing_costs.price_kernel(name, tensors)
     writes = _C._extents(written) if written is not None and openreg.sanitizer.enabled else None
+    calls = tuple(call if i % 2 == 0 else _views(call) for i, call in enumerate(calls))
     launch_extents(index, _run_kernels, calls, extents=_C._extents(tensors), name=name, writes=writes)
+
+
+def _views(args: tuple) -> tuple:
+    """A kernel's arguments with each openreg tensor replaced by its host view (over the device's view)."""
+    return tuple(_C._host_view(a) if isinstance(a, torch.Tensor) and a.device.type == "openreg" else a
+                 for a in args)
 
 
 def _run_kernels(calls: tuple) -> None:

@@ -12,7 +12,9 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include <mutex>
+#include <tuple>
 #include <unordered_map>
+#include <vector>
 
 #include "allocator.h"
 #include "bridge.h"
@@ -33,11 +35,41 @@ void bind_kernel_scope(py::module& m);
 void bind_distributed(py::module& m);
 void bind_profiler(py::module& m);
 
+// LITERALINCLUDE START: VIEW ADDRESS
+// The runtime's translation from a device pointer to the device's own view of that memory
+// (openreg.memory.view_address), copied here so that building a host view calls no Python: the
+// runtime hands every change of its ranges to set_views (one range per device, one per IPC import).
+namespace {
+struct ViewRange {
+  uintptr_t lo, hi, delta; // device addresses [lo, hi) are seen at address + delta (modulo 2^64)
+};
+std::mutex g_views_lock;
+std::vector<ViewRange> g_views;
+} // namespace
+
+void set_views(const std::vector<std::tuple<uintptr_t, uintptr_t, int64_t>>& views) {
+  std::vector<ViewRange> ranges;
+  for (const auto& [lo, hi, delta] : views) ranges.push_back({lo, hi, static_cast<uintptr_t>(delta)});
+  std::lock_guard<std::mutex> guard(g_views_lock);
+  g_views = std::move(ranges);
+}
+
+void* view_address(const void* ptr) {
+  auto p = reinterpret_cast<uintptr_t>(ptr);
+  std::lock_guard<std::mutex> guard(g_views_lock);
+  for (const auto& r : g_views) {
+    if (p >= r.lo && p < r.hi) return reinterpret_cast<void*>(p + r.delta);
+  }
+  TORCH_CHECK(false, "openreg: a device pointer outside every device's memory has no view");
+}
+// LITERALINCLUDE END: VIEW ADDRESS
+
 // LITERALINCLUDE START: HOST VIEW
 // The CPU storage over a device storage's bytes. Host views of one device storage share it while any of
 // them lives, so that the CPU kernels' overlap checks (at::assert_no_partial_overlap and the like, which
 // compare storages) see two views of the same device memory as aliases, as CUDA's checks do: without
 // it, `x[1:].copy_(x[:-1])` or `torch.add(a, 1, out=b)` with overlapping a and b computed garbage.
+// The CPU storage's bytes are the device storage's view (view_address): kernels compute through it.
 c10::Storage host_storage(const c10::Storage& device) {
   struct Entry {
     void* base;
@@ -46,7 +78,7 @@ c10::Storage host_storage(const c10::Storage& device) {
   };
   static std::mutex lock;
   static std::unordered_map<const c10::StorageImpl*, Entry> shared;
-  void* base = device.mutable_data();
+  void* base = view_address(device.mutable_data());
   size_t nbytes = device.nbytes();
   std::lock_guard<std::mutex> guard(lock);
   auto found = shared.find(device.unsafeGetStorageImpl());
@@ -145,8 +177,11 @@ PYBIND11_MODULE(_C, m) {
   m.def("_default_generator", [](c10::DeviceIndex index) { return openreg::default_generator(index); },
         "the default generator of an openreg device");
   m.def("_ipc_tensor", &openreg::ipc_tensor, "uint8 openreg tensor over memory mapped from another process");
-  m.def("_storage_base", [](const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.storage().data()); },
-        "device pointer of a tensor's storage (to locate a host view's offset in it)");
+  m.def("_storage_base",
+        [](const at::Tensor& t) { return reinterpret_cast<uintptr_t>(openreg::view_address(t.storage().data())); },
+        "view address of an openreg tensor's storage (to locate a host view's offset in it)");
+  m.def("_set_views", &openreg::set_views,
+        "the runtime's device-pointer-to-view ranges, (first device address, end, delta) each");
   m.def("_extents", &openreg::extents, "(storage base, storage bytes) of each openreg tensor: what a launch names");
   m.def("_describe_call", &openreg::describe_call,
         "[call shape, host args, host kwargs, extents] of an operator call, or None (the call plans); "

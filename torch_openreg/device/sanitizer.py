@@ -30,6 +30,8 @@ def describe(fn: Any, args: tuple, start: int, end: int) -> str | None:
     hold host views (CPU tensors over the device bytes) or openreg tensors, in slots, tuples, lists, dicts,
     partials and closures. Called by the runtime only when it reports a race."""
     found: list[torch.Tensor] = []
+    view = openreg.view_address(start)  # host views are over the device's view of the same bytes
+    ranges = ((start, end), (view, view + end - start))
     seen: set[int] = set()
     todo: list[Any] = [fn, args]
     while todo and len(seen) < _MAX_OBJECTS:
@@ -38,7 +40,7 @@ def describe(fn: Any, args: tuple, start: int, end: int) -> str | None:
             continue
         seen.add(id(obj))
         if isinstance(obj, torch.Tensor):
-            if _within(obj, start, end):
+            if any(_within(obj, lo, hi) for lo, hi in ranges):
                 found.append(obj)
         elif isinstance(obj, (list, tuple, set, frozenset)):
             todo.extend(obj)
@@ -53,7 +55,7 @@ def describe(fn: Any, args: tuple, start: int, end: int) -> str | None:
             todo.extend(getattr(obj, s, None) for s in slots)
     if not found:
         return None
-    t = min(found, key=lambda t: (t.untyped_storage().data_ptr() != start, -t.numel()))  # the storage's own first
+    t = min(found, key=lambda t: (t.untyped_storage().data_ptr() not in (start, view), -t.numel()))  # storage's own
     dtype = str(t.dtype).removeprefix("torch.")
     text = f"a {dtype} tensor of shape {tuple(t.shape)}"
     storage = t.untyped_storage().nbytes()
