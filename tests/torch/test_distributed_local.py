@@ -147,6 +147,23 @@ def test_synchronous_collective_runs_on_the_current_stream(group, launches):
     assert ran[3][0] == "occl:broadcast" and ran[3][1] != side.stream_id
 
 
+def test_backend_broadcast_honours_async_op(group, launches):
+    """``Backend.broadcast`` with ``asyncOp=False`` runs on the caller's stream, as every other collective: the
+    C++ backend passes the option on (c10d's own ``broadcast_`` operator always asks for an async op)."""
+    side = torch.openreg.Stream()
+    t = torch.ones(4, device="openreg")
+    side.wait_stream(torch.openreg.current_stream())
+    for async_op in (False, True):
+        opts = dist.BroadcastOptions()
+        opts.rootRank, opts.asyncOp = 0, async_op
+        with torch.openreg.stream(side):
+            occl(group).broadcast([t], opts).wait()
+    torch.openreg.synchronize()
+    ran = [stream for name, _, stream in launches if name == "occl:broadcast"]
+    assert len(ran) == 2 and ran[0] == side.stream_id and ran[1] != side.stream_id
+    assert t.cpu().tolist() == [1.0] * 4
+
+
 def test_a_loop_of_collectives_queues_no_waits_on_the_group_stream(group, launches, blocked):
     """Each call waits for the caller's stream only if work was queued there since the last one waited."""
     t = torch.ones(4, device="openreg")

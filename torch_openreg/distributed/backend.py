@@ -253,7 +253,7 @@ class OCCL(GroupLauncher):
             return buf.store
 
         return self._submit(name, device, [Op([t], issue, self._signature(f"broadcast {describe(t)} root={root}"))],
-                            [t])
+                            [t], async_op=async_op)
 
     def _allgather_op(self, name: str, outputs: list[torch.Tensor], t: torch.Tensor, timeout_ms: int) -> Op:
         if len(outputs) != self.size:
