@@ -139,17 +139,16 @@ def test_synchronous_collective_runs_on_the_current_stream(group, launches):
         dist.all_reduce(t)
         dist.all_gather_into_tensor(torch.empty(4, device="openreg"), t)
         dist.barrier(device_ids=[0])
-        dist.broadcast(t, 0)  # c10d's broadcast_ operator drops asyncOp (for every backend): always async
+        dist.broadcast(t, 0)
     torch.openreg.synchronize()
     ran = [(name, stream) for name, _, stream in launches if name.startswith("occl:")]
-    assert ran[:3] == [("occl:all_reduce", side.stream_id), ("occl:all_gather_into_tensor", side.stream_id),
-                       ("occl:barrier", side.stream_id)]
-    assert ran[3][0] == "occl:broadcast" and ran[3][1] != side.stream_id
+    assert ran == [("occl:all_reduce", side.stream_id), ("occl:all_gather_into_tensor", side.stream_id),
+                   ("occl:barrier", side.stream_id), ("occl:broadcast", side.stream_id)]
 
 
 def test_backend_broadcast_honours_async_op(group, launches):
-    """``Backend.broadcast`` with ``asyncOp=False`` runs on the caller's stream, as every other collective: the
-    C++ backend passes the option on (c10d's own ``broadcast_`` operator always asks for an async op)."""
+    """``Backend.broadcast`` with ``asyncOp=False`` runs on the caller's stream and with ``asyncOp=True`` on the
+    group's, as every other collective: the C++ backend passes the option on."""
     side = torch.openreg.Stream()
     t = torch.ones(4, device="openreg")
     side.wait_stream(torch.openreg.current_stream())
