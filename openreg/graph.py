@@ -61,7 +61,7 @@ class Node:
                  after: tuple[int, ...], writes: tuple | None = None) -> None:
         self.fn, self.args, self.buffers, self.name, self.stream, self.after = fn, args, buffers, name, stream, after
         self.writes = writes
-        self.cost = None  # the launch's cost, for the timing model (set when simulated time is on)
+        self.cost = None  # the launch's cost, for the timing model (set by the launch site's pricing)
 
 
 # LITERALINCLUDE START: RUNTIME GRAPH
@@ -321,6 +321,7 @@ def begin_capture(stream: Stream, mode: CaptureMode | str = CaptureMode.GLOBAL) 
         capture = Capture(stream, mode)
         q.capture = capture
         _captures.append(capture)
+        timing.capture_began()  # the capture's launches are priced for later simulated replays
         if mode is not CaptureMode.RELAXED:
             _guard.captures.append(capture)
             for device in range(device_count()):
@@ -359,6 +360,7 @@ def end_capture(stream: Stream) -> Graph:
         for q in capture.members:
             q.capture = None
         _captures.remove(capture)
+        timing.capture_ended()
         if capture in _guard.captures:
             _guard.captures.remove(capture)
             if not _guard.captures:

@@ -395,7 +395,7 @@ class Stream:
             capture = q.capture
             seq = capture.record(q, fn, args, buffers, name, writes)
             if seq is not None:
-                if timing.active:  # the timing model: the recorded kernel keeps its cost for the replays
+                if timing.pricing:  # the timing model: the recorded kernel keeps its cost for the replays
                     timing.captured(capture.graph, name, cost)
                 return seq
         if sanitizer.enabled:  # the stream sanitizer (openreg/sanitizer.py): a launch that races raises here
@@ -416,7 +416,7 @@ class Stream:
             if q.idle:
                 q.wake.notify()
         if timing.active:  # the timing model: this launch's simulated start and end (openreg/timing)
-            timing.launched(self, seq, name, cost, tag)
+            timing.launched(self, seq, name, cost, tag, buffers)
         if LAUNCH_BLOCKING:  # a debugging setting's wait, not the program's: neither simulated time nor the
             q.wait_for(q.launched, simulated=False)  # stream sanitizer counts it
             self.check_error()
@@ -452,7 +452,7 @@ class Stream:
             q.last_launch = time.monotonic()
         simulated = True  # whether the timing model's host waits too (not for a simulator-only check)
         if timing.active:  # the timing model: this launch's simulated start and end (openreg/timing)
-            simulated = timing.launched(self, item.seq, name, cost, tag)
+            simulated = timing.launched(self, item.seq, name, cost, tag, buffers)
         try:
             q.wait_for(item.seq, simulated=simulated)
         finally:

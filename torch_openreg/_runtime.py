@@ -280,7 +280,7 @@ def launch(device: int, kernel, buffers: list, name: str, writes: list | None = 
     """Queue a C++ kernel (a callable from the bridge) on ``device``'s current stream; ``writes``: the extents
     it writes (for the stream sanitizer)."""
     cost = None
-    if openreg.timing.active:  # the timing model: an elementwise kernel over the storages it touches
+    if openreg.timing.pricing:  # the timing model: an elementwise kernel over the storages it touches
         cost = openreg.timing.Cost("elementwise", bytes=float(sum(n for _, n in buffers)))
     openreg.current_stream(_dev(device)).launch(kernel, buffers=buffers, name=name, writes=writes, cost=cost)
 # LITERALINCLUDE END: BRIDGE LAUNCH

@@ -20,12 +20,14 @@ from collections.abc import Iterator, Mapping
 from .. import settings
 from . import model
 from .clock import _UNPRICED, Clock, Launch
-from .model import COLLECTIVES, EFFICIENCY, FREE, KINDS, Cost, Prediction, predict
+from .model import COLLECTIVES, EFFICIENCY, FREE, HOST, HOST_US, KINDS, Cost, Prediction, predict
 from .profiles import DTYPES, DeviceProfile, builtin, from_dict, load_file, resolve
 
 ENV = "OPENREG_DEVICE_PROFILE"
 
 active = False  # the launch path's one test: is a simulated clock running?
+pricing = False  # do the launch sites price their launches: simulated time on, or a graph capture under way
+_captures = 0
 _clock: Clock | None = None
 _lock = threading.Lock()
 _pending = threading.local()
@@ -58,7 +60,29 @@ def set_profile(spec: str | os.PathLike | Mapping | DeviceProfile | None) -> Dev
             active = True
         else:
             _clock.profile = profile
+        _set_pricing()
     return previous
+
+
+def _set_pricing() -> None:
+    global pricing
+    pricing = active or _captures > 0
+
+
+def capture_began() -> None:
+    """A graph capture began: its launches are priced (their nodes keep the costs) even while simulated
+    time is off, so a replay simulated later is priced."""
+    global _captures
+    with _lock:
+        _captures += 1
+        _set_pricing()
+
+
+def capture_ended() -> None:
+    global _captures
+    with _lock:
+        _captures = max(_captures - 1, 0)
+        _set_pricing()
 # LITERALINCLUDE END: TIMING SET PROFILE
 
 
@@ -79,6 +103,20 @@ def recording() -> Iterator[list[Launch]]:
             clock.collectors.remove(launches)
 
 
+def pending(name: str) -> bool:
+    """Whether the calling thread's next launch named ``name`` has a cost handed over already."""
+    value = getattr(_pending, "value", None)
+    return value is not None and value[0] == name
+
+
+def host_spends(kind: str) -> None:
+    """The host did work that launches nothing (``kind`` ``"python"``: a call into PyTorch's Python
+    code): its simulated time advances by the profile's ``host_us[kind]``."""
+    clock = _clock
+    if clock is not None:
+        clock.host_spends(kind)
+
+
 def next_cost(name: str, cost: Cost | None, host_waits: bool = True) -> None:
     """Price the calling thread's next launch named ``name`` (for a client whose launch is made further
     down, by code that does not know the operator). A launch with another name drops it. ``host_waits``
@@ -89,9 +127,10 @@ def next_cost(name: str, cost: Cost | None, host_waits: bool = True) -> None:
 
 
 # The runtime's hooks (openreg.stream and openreg.event call them only while ``active``).
-def launched(stream, seq: int, name: str, cost: Cost | None, tag=None) -> bool:
-    """A launch was queued: give it its simulated start and end. Returns whether a host that waits for
-    it at once (``run_here``) waits in simulated time too (see :func:`next_cost`)."""
+def launched(stream, seq: int, name: str, cost: Cost | None, tag=None, buffers=None) -> bool:
+    """A launch was queued: give it its simulated start and end (``buffers``: the ``(pointer, bytes)``
+    extents it touches, for the L2 model). Returns whether a host that waits for it at once
+    (``run_here``) waits in simulated time too (see :func:`next_cost`)."""
     clock = _clock
     if clock is None:
         return True
@@ -102,13 +141,13 @@ def launched(stream, seq: int, name: str, cost: Cost | None, tag=None) -> bool:
             _pending.value = None
             if pending[0] == name:
                 cost, host_waits = pending[1], pending[2]
-    record = clock.launch(stream.device, stream.id, seq, name, cost)
+    record = clock.launch(stream.device, stream.id, seq, name, cost, buffers)
     if tag is not None and hasattr(tag, "simulated"):
         tag.simulated = (record.start, record.end)  # the profiler shows it beside the host's time
     return host_waits
 
 
-def captured(graph, name: str, cost: Cost | None) -> None:
+def captured(graph, name: str, cost: Cost | None) -> None:  # noqa: D401
     """A launch was recorded into a graph capture instead of queued: its node keeps the cost."""
     if cost is None:
         pending = getattr(_pending, "value", None)
@@ -120,13 +159,20 @@ def captured(graph, name: str, cost: Cost | None) -> None:
 
 
 def graph_cost(costs: list[Cost | None]) -> Cost:
-    """The cost of a graph replay: its kernels' costs as parts of one launch (unpriced kernels: none)."""
+    """The cost of a graph replay: its kernels' costs as parts of one launch (one host issue for all;
+    unpriced kernels: the kernel floor)."""
     parts = tuple(c if c is not None else _UNPRICED for c in costs if c is not FREE)
     if not parts:
         return FREE
+    return combined(parts)
+
+
+def combined(parts: tuple) -> Cost:
+    """One launch that runs ``parts`` back to back (a graph replay, a fused operator's stages)."""
     biggest = max(parts, key=lambda c: c.flops + c.bytes)
     return Cost(biggest.kind, sum(c.flops for c in parts), sum(c.bytes for c in parts), biggest.dtype,
-                formula=all(c.formula or not c.flops for c in parts), parts=parts)
+                formula=all(c.formula or not c.flops for c in parts), parts=parts,
+                scratch=max(c.scratch for c in parts))
 
 
 def host_waits(device: int, stream_id: int, seq: int) -> None:
@@ -141,6 +187,33 @@ def stream_time(stream) -> float | None:
     return None if clock is None else clock.now(stream.device, stream.id)
 
 
+@contextlib.contextmanager
+def tracing() -> Iterator[list]:
+    """Keep what the clock is told inside the block (launches, host costs, waits, marks), for
+    :func:`.calibrate.replay` on other profiles."""
+    clock = _clock
+    if clock is None:
+        raise RuntimeError("openreg.timing.tracing() needs simulated time on (set_profile first)")
+    trace: list = []
+    clock.trace = trace
+    try:
+        yield trace
+    finally:
+        clock.trace = None
+
+
+def mark(stream) -> float | None:
+    """When an event recorded on ``stream`` now would complete, in simulated seconds (a traced point)."""
+    clock = _clock
+    return None if clock is None else clock.mark(stream.device, stream.id)
+
+
+def host_time() -> float | None:
+    """The host's simulated time (None when off)."""
+    clock = _clock
+    return None if clock is None else clock.host
+
+
 def stream_waits(stream, when: float | None) -> None:
     clock = _clock
     if clock is not None and when is not None:
@@ -151,7 +224,7 @@ if settings.DEVICE_PROFILE:
     set_profile(settings.DEVICE_PROFILE)
 
 __all__ = [
-    "COLLECTIVES", "DTYPES", "Cost", "DeviceProfile", "EFFICIENCY", "ENV", "FREE", "KINDS", "Launch", "Prediction",
-    "from_dict", "get_profile", "load_file", "model", "next_cost", "predict", "profiles", "recording",
-    "resolve", "set_profile",
+    "COLLECTIVES", "DTYPES", "HOST", "HOST_US", "Cost", "DeviceProfile", "EFFICIENCY", "ENV", "FREE", "KINDS",
+    "Launch", "Prediction", "combined", "from_dict", "get_profile", "host_spends", "host_time", "load_file", "mark",
+    "model", "next_cost", "predict", "profiles", "recording", "resolve", "set_profile", "tracing",
 ]

@@ -3,42 +3,62 @@
 A launch's :class:`Cost` says what it does (its kind, FLOPs, bytes moved, the data type it computes
 in); :func:`predict` prices it on a :class:`~.profiles.DeviceProfile`:
 
-* kernels: ``launch latency + max(FLOPs / achievable compute, bytes / achievable memory bandwidth)``,
-  where "achievable" is the profile's peak times the efficiency of the kernel's class (matrix
-  products, convolutions, elementwise, reductions, copies). Matrix products with known sizes are
-  also charged for wave quantization: the output is cut in ``MATRIX_TILE``-square tiles, one per
-  compute unit at a time, so a product of 64 tiles on a 108-unit device takes a whole wave;
-* host copies: the host link's bandwidth (pinned or pageable), plus launch latency;
+* kernels: ``kernel floor + max(FLOPs / achievable compute, bytes / achievable bandwidth)``, where
+  "achievable" is the profile's peak times the efficiency of the kernel's class (matrix products,
+  convolutions, attention, elementwise, reductions, normalizations, sorts, copies) and the bandwidth
+  is the L2 cache's when the kernel's bytes fit in it (a benchmark loop's working set stays there), the
+  memory's otherwise. The floor is the shortest a kernel runs (a small grid's ramp-up and tail).
+  Matrix products and convolutions with known sizes also pay for wave quantization: the output is cut
+  in ``MATRIX_TILE``-square tiles, one per compute unit at a time;
+* host copies: the host link's bandwidth (pinned or pageable);
 * peer copies and collectives: an alpha-beta model over the profile's interconnect (``steps``
   latencies plus the bytes each rank sends, over the link's achievable bandwidth).
 
-Caches, fusion, occupancy, clocks and power are not modelled (docs/timing.md says what that means).
+The duration is the device's busy time; the gap between back-to-back kernels (``launch_latency_us``
+less the floor) and the host's cost of issuing each launch are the clock's (:mod:`.clock`).
 """
-
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
 
-KINDS = ("matrix", "conv", "elementwise", "reduction", "copy", "collective")
+KINDS = ("matrix", "conv", "attention", "elementwise", "reduction", "normalization", "sort", "copy", "collective")
 MATRIX_TILE = 128  # output tile edge of a matrix-product kernel (cuBLAS's common 128x128 tiles)
+HOST = ("op", "library", "autograd", "none")  # what issuing a launch costs the host: see HOST_US
 
 # LITERALINCLUDE START: TIMING DEFAULTS
-# The model's fitted parameters: each was solved from ONE published H100 figure (the "fit" rows of
-# data/measurements.json; python -m openreg.timing.validate --fit recomputes them). Every other figure
-# there is held out. A profile file may override any of them (its "efficiency" table, its
-# "launch_latency_us" and its interconnect's "latency_us").
+# The model's fitted parameters: each was solved from ONE figure, published (data/measurements.json's
+# "fit" rows) or measured on an H100 (data/h100-calibration.json's workloads named here); python -m
+# openreg.timing.validate --fit recomputes them. Every other figure is held out. A profile file may
+# override any of them (its "efficiency", "host_us" and "scratch" tables, "launch_latency_us", "kernel_floor_us",
+# and its interconnect's "latency_us"); python -m torch_openreg.timing.calibrate fits them for a device.
 EFFICIENCY = {
-    "matrix": 0.843,  # achieved / peak matrix-unit FLOPS (H100 BF16 best-shape matmul, 794.5 TFLOPS)
-    "conv": 0.843,  # no published convolution figure was used: convolutions take the matrix value
-    "elementwise": 0.895,  # achieved / peak memory bandwidth (H100 STREAM triad, 2.97 TB/s)
-    "reduction": 0.963,  # (H100 STREAM dot, 3.18 TB/s)
-    "copy": 0.877,  # device-to-device copies (H100 STREAM copy, 2.90 TB/s)
+    "matrix": 0.8346,  # achieved / peak matrix-unit FLOPS (H100 BF16 best-shape matmul, 794.5 TFLOPS)
+    "conv": 0.3061,  # convolutions as implicit matrix products (H100 workload conv3x3-f32-b16-c128-28)
+    "attention": 0.4947,  # fused attention (H100 workload sdpa-bf16-b8-h16-s512-d128)
+    "elementwise": 0.8902,  # achieved / peak memory bandwidth (H100 STREAM triad, 2.97 TB/s)
+    "reduction": 0.9555,  # (H100 STREAM dot, 3.18 TB/s)
+    "normalization": 0.547,  # softmax, norms: more passes than bytes counted (H100 workload softmax-f32-4096x8192)
+    "sort": 0.9555,  # radix sorts and selections, per pass (no figure: the reduction value)
+    "multi_tensor": 0.6962,  # _foreach_ and fused optimizer kernels (H100 workload mlp-step-bf16-b512-w1024)
+    "copy": 0.8708,  # device-to-device copies (H100 STREAM copy, 2.90 TB/s)
+    "l2": 3.013,  # L2-resident bandwidth / memory bandwidth (H100 workload add-f32-1M)
     "host_link": 0.797,  # achieved / per-direction host link bandwidth (H100 host-to-device, 51 GB/s)
     "interconnect": 1.065,  # collective bus bandwidth / per-direction link bandwidth (H100 NCCL, 478.9 GB/s)
 }
-LAUNCH_LATENCY_US = 2.433  # per-kernel overhead, back-to-back launches (Hopper, 2433 ns)
+LAUNCH_LATENCY_US = 2.433  # per kernel, back-to-back launches: floor + gap (Hopper, 2433 ns)
+KERNEL_FLOOR_US = 1.100  # shortest kernel duration (H100 workload tiny-adds-x100: 110.1 us / 100 kernels)
 COLLECTIVE_LATENCY_US = 2.552  # alpha: per step of a collective (H100 NCCL all-reduce of 1 MB, 43.7 GB/s)
+HOST_US = {  # the host's cost of issuing one launch (PyTorch eager: Python, dispatch, the driver's launch)
+    "op": 14.67,  # an operator (H100 host: workload tiny-adds-x100, 1466.7 us / 100 operators)
+    "library": 56.4,  # a library call that selects and plans its kernel: attention (sdpa workload)
+    "autograd": 46.04,  # an operator autograd records or replays (training: MLP training-step workload)
+    "python": 3.549,  # per call into PyTorch's Python code (nn.Module, optim): conv3x3 workload
+}
+SCRATCH = {  # device scratch a GPU library allocates during a launch, x a basis in bytes
+    "conv_workspace": 2.092,  # cuDNN's workspace, x the output (H100 workload conv3x3-f32-b16-c128-28)
+    "attention_backward": 1.0,  # x the query as float32: FlashAttention-2's dq accumulator (its design; no figure)
+}
 # LITERALINCLUDE END: TIMING DEFAULTS
 
 # Steps (latencies paid) and the fraction of the buffer each rank sends, for ``ranks`` = p: ring
@@ -72,7 +92,11 @@ class Cost:
     memory, ``"h2d"``, ``"d2h"`` or ``"peer"`` (``pinned`` says whether the host side is pinned).
     ``collective`` and ``ranks``: which collective, over how many ranks (``bytes`` is the buffer).
     ``formula``: whether ``flops`` came from a formula (the report lists the operators without one).
-    ``parts``: for a graph replay, its kernels' costs (one launch latency for them all).
+    ``parts``: for a graph replay, its kernels' costs (one launch for them all), or the stages of a
+    fused operator (``_transformer_encoder_layer_fwd``: its products, attention and normalizations).
+    ``host``: what issuing it costs the host, one of :data:`HOST` (``"none"``: the runtime's own
+    markers); ``tensors``: the tensors of a multi-tensor kernel (its class: ``multi_tensor``).
+    ``scratch``: bytes a GPU library's scratch scales with (a convolution's output), for the memory peak.
     """
 
     kind: str
@@ -86,6 +110,9 @@ class Cost:
     ranks: int = 1
     formula: bool = False
     parts: tuple = ()  # a graph replay: the costs of its kernels, run as one launch
+    host: str = "op"
+    tensors: int = 0
+    scratch: float = 0.0
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -96,9 +123,11 @@ class Cost:
             raise ValueError(f"Cost link {self.link!r} is not one of {', '.join(LINKS)}")
         if self.collective is not None and self.collective not in _COLLECTIVES:
             raise ValueError(f"collective {self.collective!r} is not one of {', '.join(COLLECTIVES)}")
+        if self.host not in HOST:
+            raise ValueError(f"Cost host {self.host!r} is not one of {', '.join(HOST)}")
 
 
-FREE = Cost("copy")  # a marker on a stream (event record, stream wait): takes no device time
+FREE = Cost("copy", host="none")  # a marker on a stream (event record, stream wait): takes no device time
 # LITERALINCLUDE END: TIMING COST
 
 
@@ -116,24 +145,25 @@ class Prediction:
 
 
 # LITERALINCLUDE START: TIMING PREDICT
-def predict(cost: Cost, profile) -> Prediction:
-    """Predicted device duration of a launch of ``cost`` on ``profile`` (see the module docstring)."""
+def predict(cost: Cost, profile, cached: float | None = None) -> Prediction:
+    """Predicted device duration of a launch of ``cost`` on ``profile`` (see the module docstring).
+    ``cached``: the share of its bytes the L2 cache holds (the clock's LRU of recent launches' buffers);
+    None: all of them if they fit in it (a benchmark loop's working set), none otherwise."""
     if cost is FREE:
         return Prediction(0.0, "latency")
     eff = profile.efficiency
-    latency = profile.launch_latency_us * 1e-6
-    if cost.parts:  # a graph replay: its kernels back to back, behind one launch
-        parts = [predict(part, profile) for part in cost.parts]
-        work = [max(p.seconds - latency, 0.0) for p in parts]
-        total = sum(work)
-        main = parts[work.index(max(work))]
-        return Prediction(latency + total, "latency" if latency >= total else main.bound,
-                          sum(p.compute_s for p in parts), sum(p.memory_s for p in parts),
-                          max(p.peak_flops for p in parts), max(p.peak_bytes for p in parts))
+    floor = profile.kernel_floor_us * 1e-6
+    if cost.parts:  # a graph replay or a fused operator: its kernels back to back, behind one launch
+        parts = [predict(part, profile, cached) for part in cost.parts]
+        main = max(parts, key=lambda p: p.seconds)
+        return Prediction(sum(p.seconds for p in parts), main.bound, sum(p.compute_s for p in parts),
+                          sum(p.memory_s for p in parts), max(p.peak_flops for p in parts),
+                          max(p.peak_bytes for p in parts))
     if cost.collective is not None:
         steps, share = _COLLECTIVES[cost.collective]
         p = max(cost.ranks, 1)
         link = profile.interconnect_gbs * 1e9
+        latency = profile.launch_latency_us * 1e-6
         if p == 1:
             return Prediction(latency, "latency", peak_bytes=link)
         wire = share(p) * cost.bytes / (link * eff["interconnect"])
@@ -146,28 +176,35 @@ def predict(cost: Cost, profile) -> Prediction:
             peak = (profile.host_pinned_gbs if cost.pinned else profile.host_pageable_gbs) * 1e9
             share = eff["host_link"]
         wire = cost.bytes / (peak * share)
-        return Prediction(latency + wire, "link" if wire > latency else "latency", 0.0, wire, 0.0, peak)
-    matrix = cost.kind in ("matrix", "conv")
+        return Prediction(floor + wire, "link" if wire > floor else "latency", 0.0, wire, 0.0, peak)
+    matrix = cost.kind in ("matrix", "conv", "attention")
     peak = profile.peak_flops(cost.dtype, matrix=matrix)
     flops_rate = peak * eff[cost.kind] if matrix else peak
     compute = cost.flops / flops_rate if cost.flops else 0.0
-    if cost.kind == "matrix" and cost.shape is not None and cost.flops:
+    if cost.kind in ("matrix", "conv") and cost.shape is not None and cost.flops:
         compute = _waves(cost.shape, profile.compute_units) * compute
-    memory_eff = eff["elementwise"] if matrix else eff[cost.kind]
-    bytes_rate = profile.memory_bandwidth_gbs * 1e9 * memory_eff
-    memory = cost.bytes / bytes_rate
+    memory_eff = eff["elementwise"] if matrix else eff["multi_tensor"] if cost.tensors else eff[cost.kind]
+    dram = profile.memory_bandwidth_gbs * 1e9
+    if cached is None:
+        cached = 1.0 if cost.bytes <= profile.l2_cache_mib * (1 << 20) else 0.0
+    memory = cost.bytes / (dram * memory_eff) * (1.0 - cached + cached / eff["l2"])
     work = max(compute, memory)
-    bound = "latency" if latency >= work else ("compute" if compute >= memory else "memory")
-    return Prediction(latency + work, bound, compute, memory, peak, profile.memory_bandwidth_gbs * 1e9)
+    bound = "latency" if floor >= work else ("compute" if compute >= memory else "memory")
+    return Prediction(floor + work, bound, compute, memory, peak, dram)
 
 
 def _waves(shape: tuple, units: int) -> float:
     """How much longer than its FLOPs alone a matrix product takes for its tiles and waves: the output
-    is cut in MATRIX_TILE squares (partial tiles cost whole ones) and each wave runs one tile per
-    compute unit, so the time is ``waves x one tile's time`` instead of ``FLOPs / peak``."""
-    m, n, _, batch = shape
-    tiles = math.ceil(m / MATRIX_TILE) * math.ceil(n / MATRIX_TILE) * max(batch, 1)
-    waves = math.ceil(tiles / units)
+    is cut in MATRIX_TILE squares (half as wide along a side of at most MATRIX_TILE / 2, as the
+    libraries pick a narrower tile there; partial tiles cost whole ones) and each wave runs one tile per
+    compute unit, so the time is ``waves x one tile's time`` instead of ``FLOPs / peak``. A product with
+    fewer tiles than units and a long K (K at least twice its longer output side) splits K over the idle
+    units (cuBLAS's split-K), up to ``K / max(M, N)`` ways."""
+    m, n, k, batch = shape
+    tm, tn = (MATRIX_TILE // 2 if x <= MATRIX_TILE // 2 else MATRIX_TILE for x in (m, n))
+    tiles = math.ceil(m / tm) * math.ceil(n / tn) * max(batch, 1)
+    splits = max(1, min(units // max(tiles, 1), k // max(m, n, 1))) if tiles < units else 1
+    waves = math.ceil(tiles * splits / units) / splits * (tm * tn) / (MATRIX_TILE * MATRIX_TILE)
     ideal = m * n * max(batch, 1) / (MATRIX_TILE * MATRIX_TILE * units)
     return waves / ideal if ideal else 1.0
 # LITERALINCLUDE END: TIMING PREDICT

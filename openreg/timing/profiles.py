@@ -9,7 +9,10 @@ built-in ones are such files in ``openreg/timing/data``. Fields (units in the na
 * ``memory_gib``, ``memory_bandwidth_gbs``;
 * ``host_link``: ``pinned_gbs`` and ``pageable_gbs``, per direction;
 * ``interconnect``: ``bandwidth_gbs`` per direction per device, optional ``latency_us`` (per step);
-* optional ``launch_latency_us`` and ``efficiency`` (overrides of :data:`.model.EFFICIENCY`);
+* ``cache``: optional ``l2_mib``, the last-level cache a kernel's working set may stay in;
+* optional ``launch_latency_us``, ``kernel_floor_us``, ``efficiency`` (overrides of
+  :data:`.model.EFFICIENCY`), ``host_us`` (the host's issue cost per launch, overrides of
+  :data:`.model.HOST_US`) and ``scratch`` (overrides of :data:`.model.SCRATCH`);
 * ``sources``: where each figure comes from (free text per field; shown by the docs).
 """
 
@@ -44,6 +47,10 @@ class DeviceProfile:
     host_pageable_gbs: float
     interconnect_gbs: float
     launch_latency_us: float = model.LAUNCH_LATENCY_US
+    kernel_floor_us: float = model.KERNEL_FLOOR_US
+    l2_cache_mib: float = 0.0
+    host_us: Mapping[str, float] = field(default_factory=lambda: dict(model.HOST_US))
+    scratch: Mapping[str, float] = field(default_factory=lambda: dict(model.SCRATCH))
     collective_latency_us: float = model.COLLECTIVE_LATENCY_US
     efficiency: Mapping[str, float] = field(default_factory=lambda: dict(model.EFFICIENCY))
     sources: Mapping[str, str] = field(default_factory=dict)
@@ -71,15 +78,17 @@ def from_dict(data: Mapping, origin: str = "profile") -> DeviceProfile:
     def fail(name: str, why: str) -> OpenRegError:
         return OpenRegError(ErrorCode.INVALID_VALUE, f"{origin}: field '{name}' {why}")
 
-    def number(table: Mapping, name: str, prefix: str = "", required: bool = True, integer: bool = False):
+    def number(table: Mapping, name: str, prefix: str = "", required: bool = True, integer: bool = False,
+               zero: bool = False):
         full = prefix + name
         if name not in table:
             if required:
                 raise fail(full, "is missing")
             return None
         value = table[name]
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-            raise fail(full, f"must be a positive number, got {value!r}")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0 \
+                or (value == 0 and not zero):
+            raise fail(full, f"must be a {'non-negative' if zero else 'positive'} number, got {value!r}")
         if integer and int(value) != value:
             raise fail(full, f"must be a whole number, got {value!r}")
         return int(value) if integer else float(value)
@@ -94,7 +103,8 @@ def from_dict(data: Mapping, origin: str = "profile") -> DeviceProfile:
         raise OpenRegError(ErrorCode.INVALID_VALUE,
                            f"{origin}: a profile is a table of fields, got {type(data).__name__}")
     known = {"name", "description", "compute_units", "matrix_tflops", "vector_tflops", "memory_gib",
-             "memory_bandwidth_gbs", "host_link", "interconnect", "launch_latency_us", "efficiency", "sources"}
+             "memory_bandwidth_gbs", "host_link", "interconnect", "launch_latency_us", "efficiency", "sources",
+             "cache", "kernel_floor_us", "host_us", "scratch"}
     for name in data:
         if name not in known:
             raise fail(name, f"is not a profile field (fields: {', '.join(sorted(known))})")
@@ -116,6 +126,17 @@ def from_dict(data: Mapping, origin: str = "profile") -> DeviceProfile:
         if kind not in efficiency:
             raise fail(f"efficiency.{kind}", f"is not a kernel class (classes: {', '.join(efficiency)})")
         efficiency[kind] = number(eff, kind, "efficiency.")
+    tables = {}
+    for group, defaults in (("host_us", model.HOST_US), ("scratch", model.SCRATCH)):
+        values, tables[group] = table(group, required=False), dict(defaults)
+        for key in values:
+            if key not in defaults:
+                raise fail(f"{group}.{key}", f"is not one of {', '.join(defaults)}")
+            tables[group][key] = number(values, key, f"{group}.", zero=True)
+    cache = table("cache", required=False)
+    for key in cache:
+        if key != "l2_mib":
+            raise fail(f"cache.{key}", "is not a cache field (fields: l2_mib)")
     sources = data.get("sources", {})
     if not isinstance(sources, Mapping) or not all(isinstance(v, str) for v in sources.values()):
         raise fail("sources", "must be a table of strings")
@@ -136,10 +157,18 @@ def from_dict(data: Mapping, origin: str = "profile") -> DeviceProfile:
         launch_latency_us=number(data, "launch_latency_us", required=False) or model.LAUNCH_LATENCY_US,
         collective_latency_us=number(net, "latency_us", "interconnect.", required=False)
         or model.COLLECTIVE_LATENCY_US,
+        kernel_floor_us=_given(number(data, "kernel_floor_us", required=False, zero=True), model.KERNEL_FLOOR_US),
+        l2_cache_mib=_given(number(cache, "l2_mib", "cache.", required=False, zero=True), 0.0),
+        host_us=tables["host_us"],
+        scratch=tables["scratch"],
         efficiency=efficiency,
         sources=dict(sources),
     )
 # LITERALINCLUDE END: PROFILE PARSE
+
+
+def _given(value: float | None, default: float) -> float:
+    return default if value is None else value
 
 
 def load_file(path: str | os.PathLike) -> DeviceProfile:
@@ -170,7 +199,7 @@ def builtin() -> dict[str, DeviceProfile]:
     """The built-in profiles by name (read once)."""
     if not _builtin:
         for path in sorted(DATA.glob("*.json")):
-            if path.stem != "measurements":
+            if path.stem != "measurements" and not path.stem.endswith(("-calibration", "-traces")):
                 profile = load_file(path)
                 _builtin[profile.name] = profile
     return dict(_builtin)
@@ -195,3 +224,18 @@ def resolve(spec: str | os.PathLike | Mapping | DeviceProfile) -> DeviceProfile:
             "(or the path of a .json or .toml profile file)",
         )
     raise OpenRegError(ErrorCode.INVALID_VALUE, f"a device profile is a name, a file path or a dict, got {spec!r}")
+
+
+def to_dict(profile: DeviceProfile) -> dict:
+    """A profile's fields as a profile file holds them (:func:`from_dict` reads it back)."""
+    return {
+        "name": profile.name, "description": profile.description, "compute_units": profile.compute_units,
+        "matrix_tflops": dict(profile.matrix_tflops), "vector_tflops": dict(profile.vector_tflops),
+        "memory_gib": profile.memory_gib, "memory_bandwidth_gbs": profile.memory_bandwidth_gbs,
+        "host_link": {"pinned_gbs": profile.host_pinned_gbs, "pageable_gbs": profile.host_pageable_gbs},
+        "interconnect": {"bandwidth_gbs": profile.interconnect_gbs, "latency_us": profile.collective_latency_us},
+        **({"cache": {"l2_mib": profile.l2_cache_mib}} if profile.l2_cache_mib else {}),
+        "launch_latency_us": profile.launch_latency_us, "kernel_floor_us": profile.kernel_floor_us,
+        "efficiency": dict(profile.efficiency), "host_us": dict(profile.host_us), "scratch": dict(profile.scratch),
+        "sources": dict(profile.sources),
+    }

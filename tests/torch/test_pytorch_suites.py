@@ -6,6 +6,8 @@ does (the same result, or the same exception type and message) for the same call
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -118,7 +120,8 @@ def test_an_engine_write_waits_for_the_kernels_that_read_the_old_values(asynchro
 
 def test_an_engine_read_reports_an_earlier_kernel_error_first(asynchronous):
     t = torch.ones(3, device="openreg")
-    t[torch.tensor([0], device="openreg")]  # a checked first call, so that the next one is queued
+    for _ in range(2):  # the first two calls of a call shape run at the call: the next one is queued
+        t[torch.tensor([0], device="openreg")]
     bad = t[torch.tensor([7], device="openreg")]
     with pytest.raises(IndexError, match="out of bounds"):
         t[0].item()
@@ -146,7 +149,7 @@ def test_results_follow_the_default_dtype_after_it_changes(name, no_leak):
     try:
         for dtype in (torch.float32, torch.float64, torch.float32, torch.float64, torch.float32):
             torch.set_default_dtype(dtype)
-            for _ in range(3):  # the checked first call, the planned/queued ones after it
+            for _ in range(4):  # the first call, the checked one, the planned/queued ones after them
                 got, expected = call(da, db), call(a, b)
                 assert got.dtype == expected.dtype == dtype, (name, dtype)
                 torch.testing.assert_close(got.cpu(), expected)
@@ -173,23 +176,25 @@ def test_deterministic_mode_is_part_of_the_call_shape():
 # access to device memory (a segmentation fault). Results that alias device memory are copied out in the launch.
 @pytest.mark.parametrize("sparse", [True, False], ids=["sparse", "dense"])
 @pytest.mark.parametrize("trainable", [True, False], ids=["trainable", "fixed"])
-def test_embedding_bag_per_sample_weights_backward_equals_the_cpu(sparse, trainable, no_leak):
+@pytest.mark.parametrize("dtypes", [(torch.int64, torch.float32), (torch.int32, torch.float64)], ids=str)
+def test_embedding_bag_per_sample_weights_backward_equals_the_cpu(sparse, trainable, dtypes, no_leak):
     torch.manual_seed(0)
-    weight, indices = torch.randn(5, 3), torch.randint(5, (2, 7))
-    per_sample = torch.randn(2, 7)
+    weight, indices = torch.randn(5, 3, dtype=dtypes[1]), torch.randint(5, (2, 7), dtype=dtypes[0])
+    per_sample = torch.randn(2, 7, dtype=dtypes[1])
     grads = []
-    for device in ("cpu", "openreg"):
+    for device in ("cpu", "openreg", "openreg", "openreg"):  # a call shape's first, checked and queued calls
         bag = torch.nn.EmbeddingBag.from_pretrained(weight.clone(), freeze=False, mode="sum", sparse=sparse)
         bag = bag.to(device)
         psw = per_sample.to(device).detach().requires_grad_(trainable)
         out = bag(indices.to(device), per_sample_weights=psw)
-        (out * torch.arange(3.0, device=device)).sum().backward()
+        (out * torch.arange(3.0, device=device, dtype=dtypes[1])).sum().backward()
         grad = bag.weight.grad
         assert grad.layout == (torch.sparse_coo if sparse else torch.strided)
         grads.append((out.detach().cpu(), grad.to_dense().cpu(), psw.grad.cpu() if trainable else None))
         del bag, psw, out, grad
-    for got, expected in zip(grads[1], grads[0]):
-        torch.testing.assert_close(got, expected)
+    for openreg_grads in grads[1:]:
+        for got, expected in zip(openreg_grads, grads[0]):
+            torch.testing.assert_close(got, expected)
 
 
 # The OpInfo sweep's sparse.mm(csr, b, "amax") then backward: the CPU kernel keeps the argmax indices its backward
@@ -213,9 +218,10 @@ def test_sparse_mm_reduce_backward_equals_the_cpu(reduce, no_leak):
         torch.testing.assert_close(got, expected)
 
 
-# test_masked.py test_mask_layout: masked reductions with sparse masks. Under torch.sparse.check_sparse_tensor_invariants
-# the host forms' constructors read the indices outside the launch (a segmentation fault); a bool mask's host form
-# took the default dtype; and _sparse_broadcast_to returns a view of its input, which the host path refused.
+# test_masked.py test_mask_layout: masked reductions with sparse masks. Under
+# torch.sparse.check_sparse_tensor_invariants the host forms' constructors read the indices outside the launch (a
+# segmentation fault); a bool mask's host form took the default dtype; and _sparse_broadcast_to returns a view of
+# its input, which the host path refused.
 @pytest.mark.parametrize("layout", [torch.sparse_coo, torch.sparse_csr], ids=["coo", "csr"])
 def test_masked_reductions_with_sparse_masks_equal_the_cpu(layout, no_leak):
     torch.manual_seed(0)
@@ -263,3 +269,66 @@ def test_host_checked_operators_raise_at_the_call_after_a_clean_call(asynchronou
     torch.histc(torch.tensor([0.0, 1.0], device="openreg"), bins=4)
     with pytest.raises(RuntimeError, match="is not finite"):
         torch.histc(torch.tensor([0.0, float("inf")], device="openreg"), bins=4)
+
+
+# test_tensor_creation_ops.py test_arange / test_linspace / test_logspace: an out= view with the right number of
+# elements keeps its shape and strides on the CPU (the values fill the view in order); the meta kernel resized it
+# to 1-d, which wrote the values onto the wrong elements of the base.
+@pytest.mark.parametrize("fill", ["arange", "linspace", "logspace", "arange, other shape"])
+def test_range_out_views_keep_their_layout_as_on_the_cpu(fill, no_leak):
+    call = {"arange": lambda out: torch.arange(0, 4, out=out), "linspace": lambda out: torch.linspace(0, 3, 4, out=out),
+            "logspace": lambda out: torch.logspace(0, 3, 4, out=out),
+            "arange, other shape": lambda out: torch.arange(0, 3, out=out)}[fill]
+    results = []
+    for device in ("cpu", "openreg"):
+        base = torch.zeros(2, 3, device=device)
+        out = base.narrow(1, 1, 2)
+        call(out)
+        results.append((base.cpu(), out.cpu(), out.shape, out.stride()))
+    assert results[0][2:] == results[1][2:]
+    torch.testing.assert_close(results[1][:2], results[0][:2])
+
+
+# test_foreach.py test_parity__foreach_abs_*_bool: abs (the DispatchStub example, a C++ kernel) queued the CPU
+# kernel, whose "not implemented for 'Bool'" then surfaced at a later synchronization instead of at the call.
+def test_abs_of_an_unsupported_dtype_raises_at_the_call_as_on_the_cpu(asynchronous):
+    for device in ("cpu", "openreg"):
+        flags = torch.tensor([True, False], device=device)
+        with pytest.raises(NotImplementedError, match="not implemented for 'Bool'"):
+            torch.abs(flags)
+        with pytest.raises(NotImplementedError, match="not implemented for 'Bool'"):
+            torch._foreach_abs([flags])
+    torch.openreg.synchronize()  # nothing left to report
+    torch.testing.assert_close(torch.abs(torch.tensor([-1, 2], device="openreg")).cpu(), torch.tensor([1, 2]))
+
+
+def test_the_suites_runner_compares_a_file_on_both_devices_and_writes_its_table(tmp_path, capsys):
+    """``python -m torch_openreg.testing.suites`` on a PyTorch-style file: both devices run it, tests are matched by
+    name, the time ratio sums the tests that passed on both, and --output writes the table."""
+    from torch_openreg.testing import suites
+
+    test_dir = Path(__file__).parent / "pytorch_style"
+    output = tmp_path / "table.md"
+    assert suites.main([str(test_dir), "--files", "call_cases", "--output", str(output)]) == 0
+    table = output.read_text()
+    assert table.startswith(suites.HEADER)
+    cells = [c.strip() for c in table.splitlines()[2].split("|")[1:-1]]
+    assert cells[0] == "call_cases" and cells[1] == "9"  # nine tests, named without their device
+    assert cells[2] == "8 / 9" and cells[3] == "0"  # the out= device test needs another device: skipped on the CPU
+    cpu_seconds, openreg_seconds = (float(x) for x in cells[6].split(" / "))
+    assert cpu_seconds >= 0 and openreg_seconds > 0 and float(cells[7]) > 0
+    assert "0 openreg-only failures" in table and "call_cases" in capsys.readouterr().out
+
+
+# test_sort_and_select.py test_stable_sort_against_numpy: index_fill with a CPU index tensor, as CUDA takes it,
+# was refused ("found at least two devices").
+@pytest.mark.parametrize("index", [[3], [], [1, 4]], ids=["one", "empty", "two"])
+def test_index_fill_takes_a_cpu_index_as_cuda_does(index, no_leak):
+    x = torch.arange(100.0).view(10, 10)
+    cpu_index = torch.tensor(index, dtype=torch.long)
+    for _ in range(3):  # the first call, the checked one, a queued one
+        torch.testing.assert_close(x.to("openreg").index_fill(1, cpu_index, float("nan")).cpu(),
+                                   x.index_fill(1, cpu_index, float("nan")), equal_nan=True)
+        y = x.to("openreg")
+        y.index_fill_(0, cpu_index, -1.0)
+        torch.testing.assert_close(y.cpu(), x.index_fill(0, cpu_index, -1.0))

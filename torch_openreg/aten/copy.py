@@ -83,7 +83,7 @@ def copy_from(src: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False) 
     alias of its storage (``_C._cpu_alias``), which keeps the host buffer alive until the copy has
     run and carries no autograd state (``dst`` may be a tensor autograd already tracks).
     """
-    if openreg.timing.active:  # the timing model prices the copy's launch (torch_openreg/timing)
+    if openreg.timing.pricing:  # the timing model prices the copy's launch (torch_openreg/timing)
         timing_costs.price_copy(src, dst, non_blocking)
     if src.get_device() >= 0 and dst.get_device() >= 0:
         _check_shapes(src, dst)
@@ -236,7 +236,7 @@ def local_scalar_dense(t: torch.Tensor) -> int | float | bool | complex:
     the copy engine where it applies, else as a kernel run here)."""
     if sync_debug.mode:
         sync_debug.check("aten::_local_scalar_dense (.item())")
-    if openreg.timing.active:
+    if openreg.timing.pricing:
         timing_costs.price_item(t)
     host = _read_scalar(t)
     if host is not None:

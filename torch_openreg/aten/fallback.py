@@ -52,7 +52,7 @@ from .traits import Kind, OpTraits, traits_of
 # LITERALINCLUDE START: FALLBACK
 def fallback(op: torch._ops.OpOverload, *args: Any, **kwargs: Any) -> Any:
     """Run ``op`` for openreg tensors: decide, launch, hand back."""
-    if openreg.timing.active:  # the timing model prices the launch this call makes (torch_openreg/timing)
+    if openreg.timing.pricing:  # the timing model prices the launch this call makes (torch_openreg/timing)
         timing_costs.price_op(op, args, kwargs)
     result = _path.run_known(op, args, kwargs)  # an acceleration's shortcut for a call shape it knows
     if result is not UNKNOWN:
@@ -62,6 +62,8 @@ def fallback(op: torch._ops.OpOverload, *args: Any, **kwargs: Any) -> Any:
         raise NotImplementedError(f"{traits.name} is not supported on the openreg device: {traits.blocked}")
     try:
         call = decide(op, traits, args, kwargs)
+        if call.route is Route.FIRST:
+            return first_call(call)
         if call.route is not Route.NOW:
             # A graph capture records the first call like any launch: nothing runs on the host during a
             # capture (openreg.graph).
@@ -89,8 +91,9 @@ def fallback(op: torch._ops.OpOverload, *args: Any, **kwargs: Any) -> Any:
 class Route(enum.Enum):
     """How calls of one call shape run."""
 
-    CHECK = "check"  # not seen yet: queued, but run at the call (Stream.run_here), its warnings counted
-    QUEUE = "queue"  # its first call was clean: queued on the stream
+    FIRST = "first"  # not seen yet: the CPU kernel runs at the call and decides the outputs (no meta run)
+    CHECK = "check"  # seen once: queued, but run at the call (Stream.run_here), its warnings counted
+    QUEUE = "queue"  # its checked call was clean: queued on the stream
     NOW = "now"  # the CPU kernel decides its outputs: wait for the stream, run it, copy new outputs over
 
 
@@ -120,14 +123,33 @@ def decide(op: torch._ops.OpOverload, traits: OpTraits, args: tuple, kwargs: dic
     if not traits.returns_tensors or traits.cpu_decides or (traits.host_checks and traits.host_checks(traits, *given)):
         route = Route.NOW
     else:
-        route = _routes.get((op, key), Route.CHECK) if key is not None else Route.CHECK
+        route = _routes.get((op, key), Route.FIRST) if key is not None else Route.FIRST
+        # A pure view is metadata only (no kernel runs), and a graph capture records the call (nothing runs on the
+        # host during a capture): both take the meta kernel's outputs from their first call on.
+        if route is Route.FIRST and (traits.pure_view or openreg.is_capturing(openreg.current_stream(device.index))):
+            route = Route.CHECK
     call = Call(op, traits, args, kwargs, given, tensors, device, key, route)
-    if route is not Route.NOW:
+    if route is Route.CHECK or route is Route.QUEUE:
         call.meta = _path.meta_outputs(call)
         if call.meta is NO_META:  # no meta kernel, data-dependent output shapes, a check that needs the data
             call.route = Route.NOW
             _remember(call, Route.NOW)  # per call shape: x[mask] runs now, x[i] stays queued
     return call
+
+
+def first_call(call: Call) -> Any:
+    """A call shape's first call: the CPU kernel runs now and decides the outputs, so no meta run is needed (a test
+    suite is mostly first calls, and a meta run costs 20 to 700 us where the CPU kernel of a small call costs a
+    few). The outputs' metadata is learned from this call for the next one, which is checked (``Route.CHECK``)
+    before calls of its shape are queued; an operator whose output shapes may depend on the data (PyTorch tags it,
+    as FakeTensor relies on) learns nothing, so its next call runs the meta kernel, which tells."""
+    with _Warnings(True) as warned:
+        result = run_now(call)
+    if not warned and call.key is not None:  # a call shape that warned stays first: each call warns, as on the CPU
+        _remember(call, Route.CHECK)
+        if not call.traits.host_waits:
+            _path.learn(call, result)
+    return result
 
 
 _routes: dict[tuple, Route] = {}  # (op, call shape) -> its route, once decided
@@ -159,6 +181,9 @@ def meta_run(call: Call) -> Any:
                 meta = call.op(*meta_args, **meta_kwargs)
         except Exception:
             return NO_META
+        if any(isinstance(t, torch.Tensor) and t.layout != torch.strided
+               for m in (meta if isinstance(meta, tuple) else (meta,)) for t in tensors_of((m,), {})):
+            return NO_META  # a sparse output (_embedding_bag_backward's sparse gradient): the CPU kernel makes it
         return cpu_rules.correct(call.traits, call.args, call.kwargs, meta)
 
 
@@ -211,6 +236,17 @@ def pack(results: list) -> Any:
 
 
 # LITERALINCLUDE START: LAUNCH COPY
+def _unshared_outs(call: Call) -> list[str]:
+    """The call's ``out=`` arguments that share no storage with an input (those that do are written in place)."""
+    outs = [name for name in call.traits.out_args if call.kwargs.get(name) is not None]
+    if not outs:
+        return outs
+    read = {t.untyped_storage().data_ptr()
+            for t in tensors_of(call.args, {k: v for k, v in call.kwargs.items() if k not in outs})}
+    return [name for name in outs
+            if not any(t.untyped_storage().data_ptr() in read for t in tensors_of((call.kwargs[name],), {}))]
+
+
 class CopyKernel:
     """The queued kernel: the CPU operator over host views, its results copied into the outputs' host views.
 
@@ -227,13 +263,9 @@ class CopyKernel:
     __slots__ = ("op", "args", "kwargs", "targets", "nreturns")
 
     def __init__(self, call: Call, args: tuple, kwargs: dict, targets: list) -> None:
-        outs = [name for name in call.traits.out_args if call.kwargs.get(name) is not None]
-        read = {t.untyped_storage().data_ptr()
-                for t in tensors_of(call.args, {k: v for k, v in call.kwargs.items() if k not in outs})}
-        for name in outs:
-            if not any(t.untyped_storage().data_ptr() in read for t in tensors_of((call.kwargs[name],), {})):
-                targets.append((name, kwargs[name]))
-                kwargs[name] = map_tensors(kwargs[name], lambda t: torch.empty(0, dtype=t.dtype))
+        for name in _unshared_outs(call):
+            targets.append((name, kwargs[name]))
+            kwargs[name] = map_tensors(kwargs[name], lambda t: torch.empty(0, dtype=t.dtype))
         self.op, self.args, self.kwargs, self.targets = call.op, args, kwargs, targets
         self.nreturns = len(call.traits.returns)
 
@@ -248,7 +280,7 @@ def launch_copy(call: Call, check: bool, kernel_type: type[CopyKernel] = CopyKer
     """Allocate the outputs and launch a kernel (``kernel_type``) that runs
     the CPU kernel over host views and writes its results into them."""
     outs = outputs(call)
-    if not call.traits.mutates and all(r.kind is Kind.VIEW for r in call.traits.returns):
+    if call.traits.pure_view:
         return pack(outs)  # a pure view: metadata only, nothing to compute
     cpu_args, cpu_kwargs = host_args(call)
     fresh = [(i, o) for i, (r, o) in enumerate(zip(call.traits.returns, outs)) if r.kind is Kind.FRESH]
@@ -337,10 +369,15 @@ def run_now(call: Call) -> Any:
 
 def _run_now(call: Call) -> Any:
     cpu_args, cpu_kwargs = swap(call.traits, call.args, call.kwargs, call.device, host_view_or_self, "cpu")
-    outs = {}  # out=: the CPU kernel sizes a host tensor, copied into the argument after
-    for name in call.traits.out_args:
+    # out=: the CPU kernel writes a host tensor of the argument's size and strides (it keeps them, resizes it, or
+    # warns, as it would the argument itself: arange keeps a 2x2 view of the right element count), copied over
+    # after; unless it shares memory with an input (``x.mul_(2)`` arrives as ``mul.out(x, 2, out=x)``): then the
+    # kernel writes its host view in place, as the CPU's does, overlaps and all (see CopyKernel).
+    outs = {}
+    for name in _unshared_outs(call):
         if cpu_kwargs.get(name) is not None:
-            outs[name] = cpu_kwargs[name] = map_tensors(call.kwargs[name], lambda t: torch.empty(0, dtype=t.dtype))
+            outs[name] = cpu_kwargs[name] = map_tensors(
+                call.kwargs[name], lambda t: torch.empty_strided(t.size(), t.stride(), dtype=t.dtype))
     fresh = [ret.kind is Kind.FRESH for ret in call.traits.returns]
     try:
         result = run_sync(call.device.index, _owned_results, call.op, cpu_args, cpu_kwargs, fresh,
@@ -398,7 +435,7 @@ def _host_alias_to_device(t: torch.Tensor, base: torch.Tensor, device: torch.dev
 
 # LITERALINCLUDE START: PLAIN
 class Plain:
-    """The mechanism's own choices at the four places where an acceleration may take over (fast/)."""
+    """The mechanism's own choices at the five places where an acceleration may take over (fast/)."""
 
     def run_known(self, op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
         """A call of a shape seen before, done another way; UNKNOWN: the mechanism does it."""
@@ -413,7 +450,10 @@ class Plain:
         return launch_copy(call, check)
 
     def clean(self, call: Call) -> None:
-        """The call shape's first, checked, run raised nothing and warned nothing."""
+        """The call shape's checked run raised nothing and warned nothing."""
+
+    def learn(self, call: Call, result: Any) -> None:
+        """The call shape's first call ran now and gave ``result``: its outputs' metadata, for the next call."""
 
 
 _path: Plain = Plain()

@@ -16,6 +16,7 @@ import torch
 
 import openreg
 from torch_openreg import _C
+from torch_openreg.timing import costs as timing_costs
 
 
 def host_view(t: torch.Tensor) -> torch.Tensor:
@@ -77,6 +78,8 @@ def launch(device: int, fn: Callable[..., Any], *args: Any, tensors: tuple | lis
     (``host_sync``: because the host waits for the device there, as a CUDA program would).
     ``writes``: those of ``tensors`` the kernel writes (None: any of them), for the stream sanitizer.
     """
+    if openreg.timing.pricing:  # the timing model: a launch its site did not price (torch_openreg/timing)
+        timing_costs.price_launch(name, tensors, writes)
     try:
         # the storages' extents: the runtime opens only their pages while the kernel runs
         written = _C._extents(writes) if writes is not None and openreg.sanitizer.enabled else None

@@ -21,7 +21,9 @@ import math
 
 import torch
 
+import openreg
 from torch_openreg import _C
+from torch_openreg.timing import costs as timing_costs
 
 from .launch import host_views, launch
 
@@ -158,6 +160,8 @@ def attention_forward(query, key, value, attn_bias=None, dropout_p=0.0, is_causa
     # PyTorch's meta kernel gives 3-D inputs a (1, H, L) logsumexp: compiled graphs check it
     lse = torch.empty(*((1,) if query.dim() == 3 else ()), *batch, L, dtype=torch.float32, device=dev)
     tensors = [t for t in (out, lse, query, key, value, attn_bias) if t is not None]
+    if openreg.timing.pricing:  # the timing model: PyTorch's attention FLOP formula (torch_openreg/timing)
+        timing_costs.price_attention("sdpa_overrideable", query, key, value, tensors)
     # (host views only as the launch's arguments: a frame an error passes through must not hold them)
     if _cpu_uses_flash(query, key, value, attn_bias, dropout_p):
         launch(dev.index, _flash_forward_kernel, *host_views(out, lse, query, key, value, attn_bias), is_causal,
@@ -216,6 +220,9 @@ def attention_backward(grad_out, query, key, value, attn_bias, grad_input_mask, 
     want_bias = attn_bias is not None and attn_bias.is_floating_point() and grad_input_mask[3]
     grads.append(torch.empty_like(attn_bias) if want_bias else torch.empty(0, device=query.device))
     inputs = (grad_out, query, key, value, attn_bias)
+    if openreg.timing.pricing:  # the timing model: PyTorch's attention FLOP formula (torch_openreg/timing)
+        timing_costs.price_attention("sdpa_overrideable_backward", query, key, value,
+                                     [*grads, *(t for t in (*inputs, out, logsumexp) if t is not None)], backward=True)
     if not want_bias and _cpu_uses_flash(query, key, value, attn_bias, dropout_p):
         launch(query.device.index, _flash_backward_kernel, host_views(*grads[:3]),
                *host_views(*inputs, out, logsumexp), is_causal, scale,

@@ -22,12 +22,19 @@ NEVER_FALLBACK = {
 }
 # Operators that may take CPU index tensors alongside openreg tensors (as on CUDA).
 CPU_INDICES_OK = {
-    "aten::index.Tensor", "aten::index.Tensor_out", "aten::index_put_", "aten::index_put", "aten::_index_put_impl_"
+    "aten::index.Tensor", "aten::index.Tensor_out", "aten::index_put_", "aten::index_put", "aten::_index_put_impl_",
+    # PyTorch's test_sort_and_select fills a CUDA tensor at CPU indices (index_fill with a 1-element CPU index)
+    "aten::index_fill_.int_Scalar", "aten::index_fill_.int_Tensor", "aten::index_fill.int_Scalar",
+    "aten::index_fill.int_Tensor",
 }
 # Operators whose meta kernel disagrees with their CPU kernel on output shapes or dtypes (the meta
 # kernels follow CUDA: e.g. eval-mode batch norm statistics of size C, not 0; float statistics for
 # bfloat16 inputs). The CPU kernel decides what they return: they always run now (``Route.NOW``).
 CPU_DECIDES_OUTPUTS = {"aten::_batch_norm_with_update", "aten::_embedding_bag", "aten::_embedding_bag_forward_only"}
+# The ranges' out= overloads: the CPU kernel keeps an out= tensor of the right number of elements in its own shape
+# and strides (``torch.arange(0, 4, out=x.narrow(1, 1, 2))`` fills the 2x2 view), where the meta kernel resizes
+# it to 1-d, which wrote the values onto the wrong elements. The CPU kernel decides them too.
+CPU_DECIDES_OUT = ("aten::arange", "aten::linspace", "aten::logspace", "aten::range")
 # Normalizations whose statistics outputs (1 and 2) the CPU kernel shapes its own way: in the input's
 # dtype unless a reduced-precision input meets float32 parameters, and empty when not training. The
 # meta run's outputs are corrected by that rule (cpu_rules.cpu_statistics), so they stay queued.
@@ -88,6 +95,7 @@ class OpTraits:
     cpu_statistics: bool  # CPU_STATISTICS
     cpu_layout: bool  # CPU_LAYOUT
     host_checks: Any  # HOST_CHECKS: which calls the host checks (None: none)
+    pure_view: bool  # returns views of its arguments and writes nothing: metadata only, no kernel
     # The host waits for the device because of the data, as it would on CUDA (not because of what the simulator
     # needs): PyTorch tags such operators. The sync debug mode (torch.openreg.set_sync_debug_mode) reports these.
     host_waits: bool
@@ -124,6 +132,7 @@ def _read(op: torch._ops.OpOverload) -> OpTraits:
         for r in schema.returns
     )
     mutates = any(_is_write(a) for a in arguments)
+    out_args = tuple(a.name for a in arguments if a.kwarg_only and _is_write(a))
     return OpTraits(
         name=name,
         schema_name=schema.name,
@@ -132,7 +141,7 @@ def _read(op: torch._ops.OpOverload) -> OpTraits:
         positions={a.name: i for i, a in enumerate(arguments)},
         tensor_args=tuple(i for i, a in enumerate(arguments) if str(a.type) == "Tensor"),
         generators=tuple(a.name for a in arguments if "Generator" in str(a.type)),
-        out_args=tuple(a.name for a in arguments if a.kwarg_only and _is_write(a)),
+        out_args=out_args,
         returns=returns,
         mutates=mutates,
         functional=bool(returns) and not mutates and all(
@@ -144,10 +153,11 @@ def _read(op: torch._ops.OpOverload) -> OpTraits:
         numbers_by_type=schema.name.startswith(("aten::_foreach_", "aten::_fused_")),
         placed=mutates or not returns or any(r.kind is not Kind.FRESH for r in returns),
         loss="reduction" in (a.name for a in arguments),
-        cpu_decides=schema.name in CPU_DECIDES_OUTPUTS,
+        cpu_decides=schema.name in CPU_DECIDES_OUTPUTS or (schema.name in CPU_DECIDES_OUT and bool(out_args)),
         cpu_statistics=schema.name in CPU_STATISTICS,
         cpu_layout=schema.name in CPU_LAYOUT,
         host_checks=HOST_CHECKS.get(schema.name),
+        pure_view=bool(returns) and not mutates and all(r.kind is Kind.VIEW for r in returns),
         host_waits=bool({torch.Tag.dynamic_output_shape, torch.Tag.data_dependent_output} & set(op.tags))
         or schema.name in HOST_CHECKS,
     )

@@ -40,7 +40,7 @@ def launch_kernels(index: int, name: str, tensors: tuple, *calls: Callable | tup
     ``tensors`` are every tensor the kernels touch: the launch opens their storages' pages while it runs.
     ``written`` are those the kernels write (their non-``const`` pointer arguments), for the stream sanitizer.
     """
-    if openreg.timing.active:  # the timing model prices the kernel by its bytes (torch_openreg/timing)
+    if openreg.timing.pricing:  # the timing model prices the kernel by its bytes (torch_openreg/timing)
         timing_costs.price_kernel(name, tensors)
     writes = _C._extents(written) if written is not None and openreg.sanitizer.enabled else None
     launch_extents(index, _run_kernels, calls, extents=_C._extents(tensors), name=name, writes=writes)

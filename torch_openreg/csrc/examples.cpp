@@ -17,6 +17,7 @@
 #include <ATen/ops/q_per_channel_zero_points_native.h>
 #include <ATen/ops/abs.h>
 #include <ATen/ops/abs_native.h>
+#include <ATen/ops/zeros.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/fill.h>
 #include <ATen/ops/from_blob.h>
@@ -31,6 +32,7 @@
 #include <torch/library.h>
 
 #include <array>
+#include <atomic>
 #include <functional>
 #include <string>
 #include <vector>
@@ -90,9 +92,20 @@ at::Tensor& fill_scalar(at::Tensor& self, const at::Scalar& value) {
 // dtype, out= resizing, strided outputs) and calls abs_stub for the iterator's
 // device type; this is the PrivateUse1 entry of the stub. The iterator's
 // operands are openreg tensors (an out= slice stays a strided view of its base).
+// The CPU kernel's dtype check (abs of bool is "not implemented"), at the call: a one-element CPU abs of the
+// iterator's common dtype, once per dtype, raises what the queued kernel would raise later.
+void check_dtype_at_call(at::ScalarType dtype) {
+  static std::array<std::atomic<bool>, static_cast<size_t>(at::ScalarType::NumOptions)> checked{};
+  auto& known = checked[static_cast<size_t>(dtype)];
+  if (known.load(std::memory_order_relaxed)) return;
+  at::abs(at::zeros({1}, at::TensorOptions().dtype(dtype)));
+  known.store(true, std::memory_order_relaxed);
+}
+
 void abs_kernel(at::TensorIteratorBase& iter) {
   const at::Tensor& out = iter.output(0);
   const at::Tensor& in = iter.input(0);
+  check_dtype_at_call(iter.common_dtype());
   if (out.numel() == 0) return;
   launch(out.device().index(), [out_view = host_view(out), in_view = host_view(in)]() mutable {
     at::abs_out(out_view, in_view);

@@ -15,6 +15,8 @@ import torch
 import openreg
 from openreg.timing import DeviceProfile
 
+from . import costs, python_calls
+
 if TYPE_CHECKING:
     from .report import Report
 
@@ -48,7 +50,8 @@ class simulate:
     """``with torch.openreg.simulate("h100-sxm") as report:``: predict the work launched in the block
     on a device profile (a built-in name, a ``.json``/``.toml`` profile file or a dict of fields; the
     current profile when omitted). The report fills in as the block runs: ``report.device_time``,
-    ``report.table()``, ``report.roofline()``. Resets the devices' peak memory statistics on entry."""
+    ``report.wall_time``, ``report.table()``, ``report.roofline()``. Resets the devices' peak memory
+    statistics on entry."""
 
     def __init__(self, profile: str | os.PathLike | Mapping | DeviceProfile | None = None) -> None:
         if profile is None:
@@ -67,14 +70,29 @@ class simulate:
         self._previous = openreg.timing.set_profile(self.report.profile)
         for device in range(torch.openreg.device_count()):
             torch.openreg.reset_peak_memory_stats(device)
+        costs.scratch_points.clear()
         self._recording = openreg.timing.recording()
         self.report.launches = self._recording.__enter__()
+        self._start = self._now()
+        self._calls = python_calls.Counter()
+        self._calls.start()  # the program's Python calls cost the simulated host (python_calls.py)
         return self.report
 
+    def _now(self) -> tuple[float, float]:
+        """(the host's simulated time, when an event recorded on the current stream now would complete)."""
+        stream = openreg.current_stream(torch.openreg.current_device())
+        return openreg.timing.host_time(), openreg.timing.stream_time(stream)
+
     def __exit__(self, *exc) -> None:
+        self._calls.stop()
+        end = self._now()
+        self.report.python_calls = self._calls.calls
         self._recording.__exit__(*exc)
+        self.report.wall_time = end[1] - self._start[1]  # CUDA events around the block
+        self.report.host_time = end[0] - self._start[0]
         for device in range(torch.openreg.device_count()):
-            self.report.memory_peak[device] = torch.openreg.max_memory_allocated(device)
+            self.report.memory_peak[device] = max(torch.openreg.max_memory_allocated(device),
+                                                  costs.scratch_peak(device, self.report.profile))
         openreg.timing.set_profile(self._previous)
 # LITERALINCLUDE END: TIMING SIMULATE
 

@@ -10,6 +10,7 @@ run per call shape.
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from typing import Any
 
@@ -18,28 +19,40 @@ import torch
 import openreg
 from openreg.timing import Cost
 
+from . import formulas
+
 aten = torch.ops.aten
 
 # LITERALINCLUDE START: TIMING KINDS
-MATRIX = {
-    "mm", "addmm", "bmm", "baddbmm", "addbmm", "mv", "addmv", "dot", "vdot", "_scaled_mm", "_int_mm",
+MATRIX = {"mm", "addmm", "bmm", "baddbmm", "addbmm", "mv", "addmv", "dot", "vdot", "_scaled_mm", "_int_mm"}
+ATTENTION = {
     "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
     "_scaled_dot_product_cudnn_attention", "_flash_attention_forward", "_efficient_attention_forward",
     "_scaled_dot_product_flash_attention_backward", "_scaled_dot_product_efficient_attention_backward",
     "_scaled_dot_product_cudnn_attention_backward", "_flash_attention_backward", "_efficient_attention_backward",
+    "_scaled_dot_product_fused_attention_overrideable", "_scaled_dot_product_fused_attention_overrideable_backward",
+    "_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_flash_attention_for_cpu_backward",
 }
 CONV = {
     "convolution", "_convolution", "convolution_backward", "convolution_overrideable",
     "convolution_backward_overrideable", "cudnn_convolution", "_slow_conv2d_forward", "_slow_conv2d_backward",
 }
 COPY = {"copy_", "clone", "_to_copy", "_copy_from", "_copy_from_and_resize", "contiguous", "_foreach_copy_"}
-# Normalizations, softmaxes and losses read everything and reduce: PyTorch tags the plain reductions.
-REDUCTION = {
-    "_softmax", "_log_softmax", "_softmax_backward_data", "_log_softmax_backward_data", "native_layer_norm",
-    "native_layer_norm_backward", "native_batch_norm", "native_batch_norm_backward", "_native_batch_norm_legit",
-    "native_group_norm", "native_group_norm_backward", "nll_loss_forward", "nll_loss_backward", "cumsum",
-    "cumprod", "sort", "topk", "_foreach_norm", "embedding_dense_backward",
+# Softmaxes and normalizations read their rows more than once (statistics, then the output): their own
+# class. Losses and scans read everything and reduce: PyTorch tags the plain reductions.
+NORMALIZATION = {
+    "_softmax", "_log_softmax", "_softmax_backward_data", "_log_softmax_backward_data", "_safe_softmax",
+    "native_layer_norm", "native_layer_norm_backward", "native_batch_norm", "native_batch_norm_backward",
+    "_native_batch_norm_legit", "_native_batch_norm_legit_no_training", "native_group_norm",
+    "native_group_norm_backward", "_fused_rms_norm", "_fused_rms_norm_backward", "logsumexp",
+    "batch_norm_stats", "batch_norm_elemt", "batch_norm_backward_reduce", "batch_norm_backward_elemt",
 }
+REDUCTION = {
+    "nll_loss_forward", "nll_loss_backward", "nll_loss2d_forward", "nll_loss2d_backward", "cumsum", "cumprod",
+    "logcumsumexp", "cummax", "cummin", "_foreach_norm", "embedding_dense_backward",
+}
+SORT = {"sort", "argsort", "msort", "topk", "kthvalue", "median", "nanmedian", "mode", "unique", "_unique2",
+        "unique_consecutive", "unique_dim"}
 # LITERALINCLUDE END: TIMING KINDS
 
 _DTYPES = {
@@ -59,10 +72,16 @@ def kind_of(op: torch._ops.OpOverload) -> str:
     base = name[:-1] if name.endswith("_") and name != "copy_" else name
     if base in MATRIX:
         return "matrix"
+    if base in ATTENTION:
+        return "attention"
     if base in CONV:
         return "conv"
     if name in COPY or base in COPY:
         return "copy"
+    if base in NORMALIZATION:
+        return "normalization"
+    if base in SORT:
+        return "sort"
     if base in REDUCTION or torch.Tag.reduction in op.tags:
         return "reduction"
     return "elementwise"
@@ -75,9 +94,10 @@ tf32 = False
 
 def dtype_name(dtype: torch.dtype, kind: str) -> str:
     """The model's name for the type a kernel computes in (float32 matrix products are TF32 when
-    ``torch.backends.openreg.matmul.allow_tf32`` is on)."""
+    ``torch.backends.openreg.matmul.allow_tf32`` is on; float32 convolutions when
+    ``torch.backends.cudnn.allow_tf32`` is, PyTorch's default, as cuDNN runs them)."""
     name = _DTYPES.get(dtype, "float32")
-    if name == "float32" and kind == "matrix" and tf32:
+    if name == "float32" and ((kind == "matrix" and tf32) or (kind == "conv" and torch.backends.cudnn.allow_tf32)):
         return "tfloat32"
     return name
 
@@ -96,19 +116,34 @@ def price_op(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> None:
     """The global fallback's hook: the cost of the launch this operator call is about to make."""
     if op.is_view:  # metadata only: no launch to price
         return
+    training = autograd_issue((args, kwargs))
     try:
-        key = (op, _key(args), _key(kwargs), dtype_name(torch.float32, "matrix"))
+        # the default dtype decides the dtype (and bytes) of results such as int / int (aten.arguments.global_state)
+        key = (op, _key(args), _key(kwargs), dtype_name(torch.float32, "matrix"), training, torch.get_default_dtype())
         hash(key)
     except TypeError:
         key = None
     cost = _cache.get(key) if key is not None else None
     if cost is None:
         cost = estimate(op, args, kwargs)
+        if training and cost.host == "op":
+            cost = dataclasses.replace(cost, host="autograd")
         if key is not None:
             if len(_cache) >= _CACHE_SIZE:
                 _cache.clear()
             _cache[key] = cost
+    if cost.scratch and openreg.timing.active:
+        note_scratch(next(iter(_tensors((args, kwargs))), None), cost.scratch, "conv_workspace", cost.scratch)
     openreg.timing.next_cost(launch_name(op), cost, _host_waits(op))
+
+
+def autograd_issue(values: Any) -> bool:
+    """Whether autograd takes part in issuing this call: the autograd engine runs it (backward), or it
+    is recorded for backward (grad mode on, an input that requires grad). Its host cost is the profile's
+    ``host_us["autograd"]``."""
+    if torch._C._current_graph_task_id() != -1:
+        return True
+    return torch.is_grad_enabled() and any(t.requires_grad for t in _tensors(values))
 
 
 def _host_waits(op: torch._ops.OpOverload) -> bool:
@@ -121,9 +156,12 @@ def _host_waits(op: torch._ops.OpOverload) -> bool:
 
 
 def estimate(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Cost:
-    """FLOPs (PyTorch's formula for the operator, when it has one), bytes read and written (the
-    outputs' metadata from a run on ``meta`` tensors), the class of kernel and its data type."""
+    """FLOPs (PyTorch's formula for the operator, when it has one, else :mod:`.formulas`), bytes read
+    and written (the outputs' metadata from a run on ``meta`` tensors; a mutated argument is read and
+    written), the class of kernel and its data type."""
     kind = kind_of(op)
+    name = op.overloadpacket.__name__
+    base = name[:-1] if name.endswith("_") else name
     inputs = [t for t in _tensors((args, kwargs)) if t.numel()]
     result = meta_args = meta_kwargs = None
     try:
@@ -133,10 +171,17 @@ def estimate(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Cost:
             result = op(*meta_args, **meta_kwargs)
     except Exception:  # noqa: BLE001 - no meta kernel or data-dependent shapes: priced by its inputs
         meta_args = None
-    outputs = _tensors(result)
-    nbytes = sum(t.numel() * t.element_size() for t in (*inputs, *outputs))
+    mutated, written_only = _mutated(op, args, kwargs)
+    inputs = [t for t in inputs if not any(t is w for w in written_only)]  # an ``out=`` tensor is only written
+    aliased = any(r.alias_info is not None for r in op._schema.returns)  # returns what it wrote: counted there
+    outputs = [] if aliased or meta_args is None else _tensors(result)
+    nbytes = formulas.traffic(base, inputs, outputs, mutated)
     reference = next((t for t in (*inputs, *outputs) if t.is_floating_point()), inputs[0] if inputs else None)
     dtype = dtype_name(reference.dtype if reference is not None else torch.float32, kind)
+    fused = formulas.fused_layer(base, args, dtype) if base in ("_native_multi_head_attention",
+                                                                 "_transformer_encoder_layer_fwd") else None
+    if fused is not None:
+        return dataclasses.replace(fused, bytes=max(fused.bytes, nbytes), host="library")
     flops, formula = 0.0, False
     from torch.utils import flop_counter  # imported on first use, not at ``import torch``
 
@@ -144,10 +189,63 @@ def estimate(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Cost:
     if formula_fn is not None and meta_args is not None:
         try:
             flops, formula = float(formula_fn(*meta_args, out_val=result, **meta_kwargs)), True
-        except Exception:  # noqa: BLE001 - a formula that cannot read these arguments: bytes only
+        except Exception:  # noqa: BLE001 - a formula that cannot read these arguments: counted below
             flops, formula = 0.0, False
-    return Cost(kind, flops, float(nbytes), dtype, shape=_matrix_shape(op, args), formula=formula)
+    if not formula and kind not in ("matrix", "conv", "attention", "copy") and (outputs or mutated or inputs):
+        # elementwise, reductions, normalizations, sorts: PER_ELEMENT operations per element written
+        # (or read, for a reduction to a few values)
+        written = sum(t.numel() for t in (*outputs, *mutated)) or sum(t.numel() for t in inputs)
+        count = max(written, sum(t.numel() for t in inputs)) if kind in ("reduction", "normalization") else written
+        flops, formula = float(formulas.per_element(base) * count), True
+    shape, scratch = _matrix_shape(op, args), 0.0
+    if kind == "conv":
+        first = outputs[0] if outputs else None
+        shape = formulas.conv_shape(args, first) if "backward" not in name else \
+            formulas.conv_shape((args[1], args[2], *args[3:9], args[9] if len(args) > 9 else 1), args[0])
+        scratch = formulas.nbytes(outputs[:1])
+    lists = [a for a in args if isinstance(a, (list, tuple)) and a and isinstance(a[0], torch.Tensor)]
+    tensors = len(lists[0]) if name.startswith(("_foreach_", "_fused_")) and lists else 0
+    host = "library" if base in formulas.LIBRARY else "op"
+    return Cost(kind, flops, float(nbytes), dtype, shape=shape, formula=formula, host=host, tensors=tensors,
+                scratch=scratch)
 # LITERALINCLUDE END: TIMING PRICE OP
+
+
+def _mutated(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> tuple[list, list]:
+    """The arguments ``op`` writes (its schema's ``Tensor(a!)`` ones), and those of them it only writes
+    (``out=`` arguments, keyword-only)."""
+    out, written_only = [], []
+    for i, argument in enumerate(op._schema.arguments):
+        if argument.alias_info is None or not argument.alias_info.is_write:
+            continue
+        value = args[i] if i < len(args) else kwargs.get(argument.name)
+        tensors = [t for t in _tensors(value) if t.numel()]
+        out.extend(tensors)
+        if argument.kwarg_only:
+            written_only.extend(tensors)
+    return out, written_only
+
+
+# LITERALINCLUDE START: TIMING SCRATCH
+scratch_points: list[tuple[int, int, float, str]] = []  # (device, allocated at the launch, basis, scratch kind)
+
+
+def note_scratch(like: torch.Tensor | None, basis: float, kind: str, pending: float = 0.0) -> None:
+    """A launch whose GPU library allocates scratch the backend does not (the profile's
+    ``scratch[kind]`` x ``basis`` bytes: a convolution's cuDNN workspace, x its output; the attention
+    backward's float32 accumulators, x the query as float32), with ``pending`` bytes of its outputs still
+    to be allocated: what the device would hold at that moment, for the report's memory peak
+    (``simulate`` clears the list)."""
+    if like is None or like.device.type != "openreg" or len(scratch_points) > 100_000:
+        return
+    device = like.device.index
+    scratch_points.append((device, torch.openreg.memory_allocated(device) + int(pending), basis, kind))
+
+
+def scratch_peak(device: int, profile) -> int:
+    return int(max((at + profile.scratch[kind] * basis for d, at, basis, kind in scratch_points if d == device),
+                   default=0))
+# LITERALINCLUDE END: TIMING SCRATCH
 
 
 def _matrix_shape(op: torch._ops.OpOverload, args: tuple) -> tuple | None:
@@ -226,8 +324,11 @@ def price_copy(src: torch.Tensor, dst: torch.Tensor, non_blocking: bool) -> None
     read and write device memory, peer copies cross the interconnect. The names are the launches'."""
     nbytes = float(dst.numel() * dst.element_size())
     if src.get_device() >= 0 and dst.get_device() >= 0:
-        if src.device == dst.device:
-            openreg.timing.next_cost("copy_d2d", Cost("copy", bytes=2 * nbytes, dtype=dtype_name(dst.dtype, "copy")))
+        if src.device == dst.device:  # read the source, write the destination (a cast changes the size)
+            moved = nbytes + float(src.numel() * src.element_size()) if src.numel() == dst.numel() else 2 * nbytes
+            host = "autograd" if autograd_issue(src) else "op"
+            openreg.timing.next_cost("copy_d2d", Cost("copy", bytes=moved, dtype=dtype_name(dst.dtype, "copy"),
+                                                      host=host))
         else:
             openreg.timing.next_cost("copy_peer", Cost("copy", bytes=nbytes, link="peer"))
         return
@@ -245,12 +346,43 @@ def price_item(t: torch.Tensor) -> None:
 
 def price_kernel(name: str, tensors: tuple) -> None:
     """A compiled (Inductor) kernel: fused elementwise and reduction work, priced by the bytes of every
-    tensor it touches (its FLOPs are not reachable from the generated code); matrix products in a
-    compiled graph are extern kernels, priced as operators."""
+    tensor it touches. Inductor's IR counts FLOPs only where PyTorch's FLOP registry has a formula
+    (``BaseSchedulerNode.estimate_flops``): matrix products, convolutions, attention, which a compiled
+    openreg graph runs as extern kernels, priced as operators with those formulas."""
     nbytes = float(sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor)))
     reference = next((t for t in tensors if isinstance(t, torch.Tensor) and t.is_floating_point()), None)
     dtype = dtype_name(reference.dtype, "elementwise") if reference is not None else "float32"
     openreg.timing.next_cost(name, Cost("elementwise", bytes=nbytes, dtype=dtype))
+
+
+# LITERALINCLUDE START: TIMING PRICE LAUNCH
+def price_attention(name: str, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, tensors,
+                    backward: bool = False) -> None:
+    """openreg's fused attention launch (``sdpa_overrideable``, forward or backward): PyTorch's SDPA
+    FLOP formulas (:func:`.formulas.attention`)."""
+    dtype = dtype_name(query.dtype, "attention")
+    cost = formulas.attention(name, query, key, value, tensors, backward, dtype)
+    if backward:
+        cost = dataclasses.replace(cost, scratch=float(query.numel() * 4))
+        if openreg.timing.active:
+            note_scratch(query, cost.scratch, "attention_backward")
+    openreg.timing.next_cost(name, cost)
+
+
+def price_launch(name: str, tensors, writes) -> None:
+    """Any other named launch of the backend's kernels (fused RNN cells, view backwards, custom and
+    quantized kernels), unless its site priced it: elementwise over the tensors it reads and writes,
+    ``PER_ELEMENT`` operations per element written."""
+    if openreg.timing.pending(name):
+        return
+    tensors = [t for t in tensors if isinstance(t, torch.Tensor)]
+    written = [t for t in (writes if writes is not None else tensors) if isinstance(t, torch.Tensor)]
+    reference = next((t for t in tensors if t.is_floating_point()), None)
+    dtype = dtype_name(reference.dtype, "elementwise") if reference is not None else "float32"
+    base = name.split("::")[-1].split(".")[0]
+    flops = float(formulas.per_element(base) * sum(t.numel() for t in written))
+    openreg.timing.next_cost(name, Cost("elementwise", flops, formulas.nbytes(tensors), dtype, formula=True))
+# LITERALINCLUDE END: TIMING PRICE LAUNCH
 
 
 _COLLECTIVE_NAMES = (

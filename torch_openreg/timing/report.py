@@ -7,6 +7,8 @@ import collections
 from dataclasses import dataclass
 
 from openreg.timing import DeviceProfile, Launch
+from openreg.timing.calibrate import busy
+from openreg.timing.clock import issue_seconds
 
 
 @dataclass
@@ -33,14 +35,29 @@ class Report:
     def __init__(self, profile: DeviceProfile) -> None:
         self.profile = profile
         self.launches: list[Launch] = []  # every launch made inside the block, in launch order
-        self.memory_peak: dict[int, int] = {}  # device -> peak bytes allocated inside the block
+        self.memory_peak: dict[int, int] = {}  # device -> peak bytes inside the block (library scratch included)
+        self.wall_time = 0.0  # what CUDA events around the block read (set when the block ends)
+        self.host_time = 0.0  # the host's simulated time spent inside the block: issuing launches, waiting
+        self.python_calls = 0  # the program's Python function calls inside the block (charged to the host)
 
     @property
     def device_time(self) -> float:
-        """Simulated seconds from the first launch's start to the last launch's end, all streams."""
-        if not self.launches:
-            return 0.0
-        return max(r.end for r in self.launches) - min(r.start for r in self.launches)
+        """The device's busy time: simulated seconds during which a kernel or copy ran, on any stream
+        (overlapping launches counted once, idle gaps excluded), as a profiler's kernel durations add up."""
+        return busy((r.start, r.end) for r in self.launches)
+
+    @property
+    def issue_time(self) -> float:
+        """The host's simulated cost of issuing the block's launches and its calls into PyTorch's Python
+        code (the profile's ``host_us``), waits excluded."""
+        launches = sum(issue_seconds(r.cost, self.profile) for r in self.launches if r.cost is not None)
+        return launches + self.python_calls * self.profile.host_us["python"] * 1e-6
+
+    @property
+    def bound(self) -> str:
+        """``"host"`` when the device waited for the host more than it worked (the wall time is mostly
+        the host's issue cost), else ``"device"``."""
+        return "host" if self.wall_time > 0 and self.device_time < 0.5 * self.wall_time else "device"
 
     @property
     def memory_capacity(self) -> int:
@@ -86,8 +103,13 @@ class Report:
         """The top operators by predicted time, what bounds each, the achieved fraction of each peak,
         and the memory peak against the profile's capacity."""
         busy = sum(r.prediction.seconds for r in self.launches) or 1.0
+        wall = self.wall_time or 1.0
+        share = (f"host-bound: the device is busy {self.device_time / wall:.0%} of the wall time, the host issues "
+                 f"for {min(self.issue_time / wall, 1.0):.0%} of it" if self.bound == "host" else
+                 f"device-bound: the device is busy {self.device_time / wall:.0%} of the wall time")
         lines = [f"device profile: {self.profile.name} ({self.profile.description})",
-                 f"simulated device time: {_time(self.device_time)} over {len(self.launches)} launches", "",
+                 f"simulated device time: {_time(self.device_time)} over {len(self.launches)} launches",
+                 f"simulated wall time: {_time(self.wall_time)} ({share})", "",
                  f"{'operator':<44} {'calls':>6} {'time':>10} {'share':>6}  {'bound':<8} {'of peak FLOPS':>13} "
                  f"{'of peak bytes/s':>15}"]
         for row in self.operators()[:top]:

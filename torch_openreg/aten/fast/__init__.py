@@ -31,6 +31,7 @@ class Accelerated(fallback.Plain):
     meta_outputs = staticmethod(meta_cache.meta_outputs)
     launch = staticmethod(call_plans.launch)
     clean = staticmethod(call_plans.clean)
+    learn = staticmethod(meta_cache.learn)
 
 
 def install() -> None:
