@@ -37,11 +37,11 @@ LAYERS = [
     ["torch_openreg.memory", "torch_openreg.graph_impl", "torch_openreg.sync_debug", "torch_openreg.timing"],
     # the functions the C++ bridge calls
     ["torch_openreg._runtime"],
-    # the device module, torch.openreg
-    ["torch_openreg.device"],
     # operators and what PyTorch 2.13 leaves PrivateUse1 out of
     ["torch_openreg.aten", "torch_openreg.amp", "torch_openreg.backends", "torch_openreg.compat",
      "torch_openreg.dlpack", "torch_openreg.multiprocessing"],
+    # the device module, torch.openreg: the frontend over the operators, as torch.cuda is
+    ["torch_openreg.device"],
     # the high-level modules
     ["torch_openreg.compiler", "torch_openreg.distributed", "torch_openreg.profiler", "torch_openreg.integrations",
      "torch_openreg.testing", "torch_openreg.predict"],
