@@ -17,7 +17,7 @@ import torch
 import openreg
 
 from .common import table
-from .suite import models
+from .training import models
 
 
 def _launch(device: str) -> Callable[[], object]:

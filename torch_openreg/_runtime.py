@@ -11,14 +11,29 @@ from __future__ import annotations
 import itertools
 import threading
 
+import torch
+
 import openreg
 
-from .device import sync_debug
-from .device.graphs import _GraphImpl
-from .device.state import SUPPORTED_DTYPES
+from . import sync_debug
+from .graph_impl import GraphImpl
 from .memory import allocator, host_allocator, owner
 from .memory.caching_allocator import _owners
 from .memory.pluggable import PluggableAllocator
+
+# LITERALINCLUDE START: SUPPORTED DTYPES
+# What torch.accelerator.get_device_capability reports: the dtypes an openreg tensor holds and converts
+# to and from (its kernels are the CPU's); the quantized ones come from quantize_per_tensor. Left out:
+# quint4x2/quint2x4 (openreg cannot quantize to them) and the sub-byte bits*/intN/uintN/float4 dtypes,
+# for which the CPU has no copy kernel either.
+SUPPORTED_DTYPES = [
+    torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.uint16, torch.uint32,
+    torch.uint64, torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.complex32, torch.complex64,
+    torch.complex128, torch.float8_e5m2, torch.float8_e4m3fn, torch.float8_e5m2fnuz, torch.float8_e4m3fnuz,
+    torch.float8_e8m0fnu, torch.qint8, torch.quint8, torch.qint32,
+]
+# LITERALINCLUDE END: SUPPORTED DTYPES
+
 
 # LITERALINCLUDE START: BRIDGE DEVICES
 device_count = openreg.device_count
@@ -57,7 +72,7 @@ def is_pinned(ptr: int) -> bool:
 
 
 def supported_dtypes(device: int) -> list:
-    """The dtypes of ``torch.accelerator.get_device_capability`` (``torch_openreg.device.state`` lists them)."""
+    """The dtypes of ``torch.accelerator.get_device_capability`` (:data:`SUPPORTED_DTYPES`)."""
     check_device(_dev(device))  # an unknown device raises INVALID_DEVICE
     return SUPPORTED_DTYPES
 
@@ -152,6 +167,12 @@ def use_allocator(allocator_: PluggableAllocator) -> None:
     for index in range(openreg.device_count()):
         _device_allocators[index] = allocator_.for_device(index)
     plugged = allocator_
+
+
+def set_caching(enabled: bool) -> None:
+    """``torch.openreg.caching_allocator_enable``: whether freed blocks stay cached (read by :func:`free`)."""
+    global caching
+    caching = bool(enabled)
 # LITERALINCLUDE END: BRIDGE ALLOCATOR CHOICE
 
 
@@ -245,7 +266,7 @@ def copy_device_to_device(dst: int, src: int, nbytes: int, device: int) -> None:
 # LITERALINCLUDE START: BRIDGE GRAPHS
 def graph_new(keep_graph: bool) -> object:
     """The openreg graph behind a new ``torch.accelerator.Graph`` (csrc/graph.cpp holds it)."""
-    return _GraphImpl(keep_graph)
+    return GraphImpl(keep_graph)
 
 
 def graph_call(method: str, impl: object, *args: object) -> object:

@@ -1,4 +1,4 @@
-"""The layering rule: the simulated device (openreg/) never imports torch."""
+"""The layering rules of the simulated device (openreg/): it never imports torch; no import cycle inside it."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import ast
 from pathlib import Path
 
 import pytest
+from import_scan import cycles, describe, imports  # tests/import_scan.py
 
 ROOT = Path(__file__).resolve().parents[2]
 RUNTIME = ROOT / "openreg"
@@ -145,3 +146,11 @@ def test_the_scanner_finds_setting_reads(tmp_path):
         "sample.py:10: os.environ.get(NAME)",
         "sample.py:11: os.environ[NAME]",
     ]
+
+
+@pytest.mark.parametrize("package", ["openreg"])
+def test_no_import_cycle_inside_a_package(package):
+    """No modules of the runtime import each other in a circle (at the top or in a function): each cycle is
+    named with the imports that close it (tests/import_scan.py, shared with tests/torch/test_import_graph.py)."""
+    found = [describe(cycle) for cycle in cycles(list(imports(ROOT, package)))]
+    assert found == [], f"import cycles inside {package}:\n" + "\n".join(found)

@@ -139,18 +139,35 @@ def test_synchronous_collective_runs_on_the_current_stream(group, launches):
         dist.all_reduce(t)
         dist.all_gather_into_tensor(torch.empty(4, device="openreg"), t)
         dist.barrier(device_ids=[0])
-        dist.broadcast(t, 0)  # c10d's broadcast_ operator drops asyncOp (for every backend): always async
+        dist.broadcast(t, 0)
     torch.openreg.synchronize()
     ran = [(name, stream) for name, _, stream in launches if name.startswith("occl:")]
-    assert ran[:3] == [("occl:all_reduce", side.stream_id), ("occl:all_gather_into_tensor", side.stream_id),
-                       ("occl:barrier", side.stream_id)]
-    assert ran[3][0] == "occl:broadcast" and ran[3][1] != side.stream_id
+    assert ran == [("occl:all_reduce", side.stream_id), ("occl:all_gather_into_tensor", side.stream_id),
+                   ("occl:barrier", side.stream_id), ("occl:broadcast", side.stream_id)]
+
+
+def test_backend_broadcast_honours_async_op(group, launches):
+    """``Backend.broadcast`` with ``asyncOp=False`` runs on the caller's stream and with ``asyncOp=True`` on the
+    group's, as every other collective: the C++ backend passes the option on."""
+    side = torch.openreg.Stream()
+    t = torch.ones(4, device="openreg")
+    side.wait_stream(torch.openreg.current_stream())
+    for async_op in (False, True):
+        opts = dist.BroadcastOptions()
+        opts.rootRank, opts.asyncOp = 0, async_op
+        with torch.openreg.stream(side):
+            occl(group).broadcast([t], opts).wait()
+    torch.openreg.synchronize()
+    ran = [stream for name, _, stream in launches if name == "occl:broadcast"]
+    assert len(ran) == 2 and ran[0] == side.stream_id and ran[1] != side.stream_id
+    assert t.cpu().tolist() == [1.0] * 4
 
 
 def test_a_loop_of_collectives_queues_no_waits_on_the_group_stream(group, launches, blocked):
     """Each call waits for the caller's stream only if work was queued there since the last one waited."""
     t = torch.ones(4, device="openreg")
-    t.mul_(2).mul_(0.5)  # the fallback runs a call shape's first call (numbers included) synchronously
+    for _ in range(2):  # the first two calls of a call shape run at the call (docs/fallback.md): the next is queued
+        t.mul_(2).mul_(0.5)
     gate = blocked()  # the caller's stream holds: each of its items is still pending at the next launch
     for i in range(5):
         dist.all_reduce(t, async_op=True).wait()
@@ -262,7 +279,8 @@ def test_barrier_holds_the_host(group, blocked):
 
 def test_future_is_stream_ordered(group, blocked):
     t = torch.ones(4, device="openreg")
-    t + 1  # the callback's call shape, seen once: its call below is queued behind the gate, not run at the call
+    for _ in range(2):  # the callback's call shape, seen twice: its call below is queued behind the gate, not run
+        t + 1  # at the call (the first two calls of a call shape run at the call: docs/fallback.md)
     gate = blocked()
     work = dist.all_reduce(t, async_op=True)
     fut = work.get_future()

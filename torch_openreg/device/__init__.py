@@ -14,7 +14,10 @@ from typing import Any
 
 import torch
 
-import openreg as _rt
+import openreg
+from torch_openreg import sync_debug  # noqa: F401  (the mode the bridge and the operators check)
+from torch_openreg._runtime import SUPPORTED_DTYPES  # noqa: F401  (torch.openreg.SUPPORTED_DTYPES)
+from torch_openreg.sync_debug import get_sync_debug_mode, set_sync_debug_mode
 from torch_openreg.timing import device_profiles, get_device_profile, set_device_profile, simulate  # noqa: E402, I001
 
 from . import amp, sanitizer  # noqa: F401  (torch.openreg.amp, torch.openreg.sanitizer)
@@ -78,7 +81,6 @@ from .random import (
     set_rng_state_all,
 )
 from .state import (  # noqa: F401  (torch.openreg._lazy_init and friends, as torch.cuda has them)
-    SUPPORTED_DTYPES,
     DeferredOpenRegCallError,
     _index,
     _is_in_bad_fork,
@@ -100,7 +102,6 @@ from .streams import (
     set_stream,
     stream,
 )
-from .sync_debug import get_sync_debug_mode, set_sync_debug_mode
 
 _memory.MemPool, _memory.use_mem_pool = MemPool, use_mem_pool  # torch.cuda.memory has them too
 globals().update(TENSOR_TYPES)  # torch.openreg.FloatTensor, ...
@@ -155,10 +156,10 @@ def _drain_at_exit() -> None:
     """
     if os.getpid() != _pid:
         return  # a forked child: the stream workers stayed in the parent, their queues cannot drain here
-    for index in range(_rt.device_count()):
+    for index in range(openreg.device_count()):
         try:
-            _rt.synchronize(index)
-        except _rt.OpenRegError:
+            openreg.synchronize(index)
+        except openreg.OpenRegError:
             pass
 # LITERALINCLUDE END: DRAIN AT EXIT
 
@@ -166,12 +167,12 @@ def _drain_at_exit() -> None:
 # LITERALINCLUDE START: DEVICE FUNCTIONS
 def is_available() -> bool:
     """True when the runtime reports at least one device."""
-    return _rt.device_count() > 0
+    return openreg.device_count() > 0
 
 
 def device_count() -> int:
     """Number of openreg devices."""
-    return _rt.device_count()
+    return openreg.device_count()
 
 
 def set_device(device: Any) -> None:
@@ -206,10 +207,10 @@ def synchronize(device: Any = None) -> None:
 # LITERALINCLUDE END: DEVICE FUNCTIONS
 
 
-def get_device_properties(device: Any = None) -> _rt.DeviceProperties:
+def get_device_properties(device: Any = None) -> openreg.DeviceProperties:
     """Name, total memory, capability and processor count of a device."""
     _lazy_init()
-    return _rt.get_device_properties(_index(device))
+    return openreg.get_device_properties(_index(device))
 
 
 def get_device_name(device: Any = None) -> str:
@@ -250,15 +251,15 @@ def can_device_access_peer(device: Any, peer_device: Any) -> bool:
     """Whether ``device`` can read ``peer_device``'s memory directly: every two distinct openreg devices
     can (peer copies run on the destination's stream); a device is not its own peer, as in CUDA."""
     index, peer = _index(device), _index(peer_device)
-    _rt.device.check_device(index)
-    _rt.device.check_device(peer)
+    openreg.device.check_device(index)
+    openreg.device.check_device(peer)
     return index != peer
 
 
 def get_arch_list() -> list[str]:
     """The device architectures openreg's kernels are built for: ``or_<major><minor>`` of each device's
     capability (``f"or_{major}{minor}" in get_arch_list()`` checks support, as ``sm_XY`` does for CUDA)."""
-    return sorted({f"or_{p.major}{p.minor}" for p in map(_rt.get_device_properties, range(_rt.device_count()))})
+    return sorted({f"or_{p.major}{p.minor}" for p in map(openreg.get_device_properties, range(openreg.device_count()))})
 
 
 def is_tf32_supported() -> bool:
@@ -280,6 +281,6 @@ def ipc_collect() -> None:
 
     _lazy_init()
     gc.collect()
-    for index in range(_rt.device_count()):
+    for index in range(openreg.device_count()):
         synchronize(index)
     empty_cache()

@@ -337,7 +337,7 @@ def caching_allocator_delete(mem_ptr: int) -> None:
 
 def caching_allocator_enable(value: bool = True) -> None:
     """Enable (default) or disable caching: disabled, a freed block goes straight back to the device."""
-    _runtime.caching = bool(value)
+    _runtime.set_caching(value)
     if not value:
         empty_cache()
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-import openreg as _rt
+import openreg
 from torch_openreg import _C
 
 from .state import _index, _lazy_call, _lazy_init
@@ -23,7 +23,7 @@ class _DefaultGenerators(tuple):
     """``torch.openreg.default_generators``: one ``torch.Generator`` per device."""
 
 
-default_generators = _DefaultGenerators(_C._default_generator(i) for i in range(_rt.device_count()))
+default_generators = _DefaultGenerators(_C._default_generator(i) for i in range(openreg.device_count()))
 
 
 def _device_index(device: Any) -> int:
@@ -31,7 +31,7 @@ def _device_index(device: Any) -> int:
     if isinstance(device, str):
         device = torch.device(device)
     if isinstance(device, torch.device) and device.type == "openreg" and device.index is None:
-        return _rt.get_device()
+        return openreg.get_device()
     index = _index(device)
     if not 0 <= index < len(default_generators):
         raise ValueError(f"invalid openreg device {device!r}: openreg has {len(default_generators)} device(s)")

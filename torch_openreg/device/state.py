@@ -1,9 +1,9 @@
-"""What the parts of ``torch.openreg`` and the bridge need from the device module, below all of them.
+"""What the parts of ``torch.openreg`` need from the device module, below all of them.
 
 Lazy initialization (as ``torch.cuda``'s: behind a lock, calls queued until it happens, refused in a
-child forked after it), device indices, and the dtypes openreg tensors hold. The submodules
-(``memory``, ``random``, ``streams``) and ``torch_openreg._runtime`` import this module at their top,
-so the imports run down the layers; the package re-exports it as ``torch.openreg``'s.
+child forked after it) and device indices. The submodules (``memory``, ``random``, ``streams``, ``graphs``)
+import this module at their top, so the imports run down the layers; the package re-exports it as
+``torch.openreg``'s. What the bridge needs (``_runtime.py``) lies below the whole device module.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-import openreg as _rt
+import openreg
 
 
 class DeferredOpenRegCallError(RuntimeError):
@@ -37,7 +37,7 @@ def is_initialized() -> bool:
 
 
 def _is_in_bad_fork() -> bool:
-    return _in_bad_fork or _rt.device.forked()
+    return _in_bad_fork or openreg.device.forked()
 
 
 def _lazy_call(fn: Callable[[], None], rng: str | None = None) -> None:
@@ -67,9 +67,9 @@ def _lazy_init() -> None:
                 "Cannot re-initialize OpenReg in forked subprocess. To use OpenReg with "
                 "multiprocessing, you must use the 'spawn' start method"
             )
-        if _rt.device_count() == 0:  # as torch.cuda's "No CUDA GPUs are available"; seeds queued stay queued
+        if openreg.device_count() == 0:  # as torch.cuda's "No CUDA GPUs are available"; seeds queued stay queued
             raise RuntimeError("No openreg devices are available (OPENREG_DEVICE_COUNT is 0)")
-        _rt.fault.install()
+        openreg.fault.install()
         _initialized = True
         for fn, stack, _ in _queued_calls:
             try:
@@ -110,19 +110,5 @@ def _index(device: Any) -> int:
 def current_device() -> int:
     """Index of the calling thread's current device."""
     _lazy_init()
-    return _rt.get_device()
+    return openreg.get_device()
 # LITERALINCLUDE END: LAZY INIT
-
-
-# LITERALINCLUDE START: SUPPORTED DTYPES
-# What torch.accelerator.get_device_capability reports: the dtypes an openreg tensor holds and converts
-# to and from (its kernels are the CPU's); the quantized ones come from quantize_per_tensor. Left out:
-# quint4x2/quint2x4 (openreg cannot quantize to them) and the sub-byte bits*/intN/uintN/float4 dtypes,
-# for which the CPU has no copy kernel either.
-SUPPORTED_DTYPES = [
-    torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.uint16, torch.uint32,
-    torch.uint64, torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.complex32, torch.complex64,
-    torch.complex128, torch.float8_e5m2, torch.float8_e4m3fn, torch.float8_e5m2fnuz, torch.float8_e4m3fnuz,
-    torch.float8_e8m0fnu, torch.qint8, torch.quint8, torch.qint32,
-]
-# LITERALINCLUDE END: SUPPORTED DTYPES

@@ -20,263 +20,23 @@ once; its error surfaces like any kernel's, at the next synchronizing call.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 
 import torch
 
 import openreg
-from openreg.settings import LAUNCH_BLOCKING
 from torch_openreg import _C
-from torch_openreg.aten.launch import detach_frames, host_views, launch
-from torch_openreg.timing import costs as timing_costs
 
-from .checks import Checker, Header, MismatchError, Signature, describe
-from .streams import GroupStream
-from .transport import Transport
-from .work import Coalesced, Work
-
-SUM, AVG, PRODUCT, MIN, MAX, BAND, BOR, BXOR, PREMUL_SUM = range(9)
-OP_NAMES = ("SUM", "AVG", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR", "PREMUL_SUM", "UNUSED")
-# what the transport reduces (gloo's types); complex tensors travel as real pairs for SUM-like operations
-REDUCIBLE = {torch.bool, torch.uint8, torch.int8, torch.int32, torch.int64, torch.float16, torch.bfloat16,
-             torch.float32, torch.float64, torch.complex64, torch.complex128}
-
-Issue = Callable[[list, list], Callable[[], None] | None]  # (host views, handles out) -> finish
+from .checks import Header, MismatchError, Signature, describe
+from .launcher import GroupLauncher
+from .ops import AVG, BAND, BOR, BXOR, OP_NAMES, PREMUL_SUM, REDUCIBLE, SUM, HostBuffer, Op
+from .work import Work
 
 
-class TransportError(RuntimeError):
-    """The transport failed a transfer: a peer exited, or it did not arrive within the timeout."""
-
-
-class _Op:
-    """One collective inside a launch: the device tensors it touches, how it is checked and issued."""
-
-    __slots__ = ("tensors", "signature", "issue", "check", "verify", "work")
-
-    def __init__(self, tensors: Sequence[torch.Tensor], issue: Issue, signature: Signature | None = None,
-                 verify: Callable[[], None] | None = None) -> None:
-        self.tensors, self.issue, self.signature = list(tensors), issue, signature
-        self.check = None
-        self.verify = verify  # point-to-point calls check their header instead
-        self.work: Work | None = None  # the Work of the call, set before the launch
-
-
-class _Host:
-    """A host view as the transport takes it: contiguous, complex as real pairs, or as raw bytes.
-
-    A view that is not contiguous (or carries a lazy conjugate/negative bit) is staged through a
-    contiguous copy, written back by :meth:`store` for outputs.
-    """
-
-    def __init__(self, view: torch.Tensor, *, raw: bool = False, load: bool = True) -> None:
-        self.view = view
-        direct = view.is_contiguous() and not view.is_conj() and not view.is_neg()
-        if direct:
-            self.staging = view
-        elif load:
-            self.staging = view.resolve_conj().resolve_neg().contiguous()
-        else:
-            self.staging = torch.empty(view.shape, dtype=view.dtype)
-        t = self.staging
-        if raw:
-            t = t.reshape(-1).view(torch.uint8)
-        elif t.is_complex():
-            t = torch.view_as_real(t)
-        self.t = t
-
-    def store(self) -> None:
-        if self.staging is not self.view:
-            self.view.copy_(self.staging)
-
-
-class OCCL:
-    """The Python side of one occl process group (one per group and device type)."""
-
-    def __init__(self, store, rank: int, size: int, timeout: timedelta, group: str) -> None:
-        self.rank, self.size, self.group = rank, size, group
-        self.transport = Transport(store, rank, size, timeout)
-        self.checker = Checker(self.transport, group)
-        self._lock = threading.Lock()  # launches of this group: numbers, tickets and launches in one order
-        self._coalesced: list | None = None  # (name, device, ops, outputs, work) while coalescing
-        self._last: dict[int, openreg.Event] = {}  # per device, the end of the last collective launched
-        self._streams: dict[int, GroupStream] = {}  # per device, the stream the group's collectives run on
-        self._closed = False
-
-    # LITERALINCLUDE START: OCCL SUBMIT
-    def _submit(self, name: str, device: int, ops: list[_Op], outputs: list[torch.Tensor],
-                blocking: bool = False, async_op: bool = True) -> Work:
-        """Number ``ops`` for the checks, take a ticket and launch them as one kernel."""
-        if self._coalesced is not None:  # launched later, with the whole group (end_coalescing)
-            work = Coalesced(name, device, outputs)
-            for op in ops:
-                op.work = work
-            with self._lock:
-                self._start(ops)
-            self._coalesced.append((name, device, ops, outputs, work))
-            return work
-        work = Work(name, device, outputs, blocking=blocking)
-        for op in ops:
-            op.work = work
-        with self._lock:
-            self._start(ops)
-            self._launch(device, ops, work, f"occl:{name}", async_op)
-        return work
-
-    def _launch(self, device: int, ops: list[_Op], work: Work, kernel_name: str, async_op: bool = True) -> None:
-        """Queue the kernel (under the launch lock) and mark its end, where ProcessGroupNCCL would run it.
-
-        ``async_op=False`` (the caller waits): on the caller's current stream. ``async_op=True`` (DDP's
-        buckets, functional collectives, ``async_op=True`` calls): on the group's stream of ``device``,
-        after the work queued so far on the caller's stream, so that the caller's stream goes on meanwhile.
-        The queued kernel holds its tensors until it has run, so their memory cannot go back to the caller
-        stream's pool while the collective may still use it (NCCL's stash of the tensors of an async op).
-        """
-        ticket = self.transport.ticket()
-        caller = stream = openreg.current_stream(device)
-        if openreg.is_capturing(caller):  # before the group's stream could join the capture
-            self._withdraw(ops, ticket)
-            openreg.refuse_capture(caller, f"occl: {kernel_name.removeprefix('occl:')} on openreg:{device} stream "
-                                   f"{caller.id} during a graph capture: occl orders and checks each collective "
-                                   "across ranks when it is launched, so a replay cannot repeat it")
-        tensors = [t for op in ops for t in op.tensors]
-        work.caller, work.kernel = caller, kernel_name
-        if async_op:
-            group_stream = self._streams.get(device)
-            if group_stream is None:
-                group_stream = self._streams[device] = GroupStream(device)
-            work.group_stream, stream = group_stream, group_stream.stream
-            group_stream.after(caller)  # the collective starts once the caller's stream reaches this point
-            openreg.set_stream(stream)
-        try:
-            if openreg.timing.active:  # the timing model: alpha-beta over the interconnect (torch_openreg/timing)
-                timing_costs.price_collective(kernel_name, tensors, self.size)
-            launch(device, self._kernel, work.name, ticket, ops, work, tensors=tensors, writes=work.outputs,
-                   name=kernel_name)
-        except BaseException:
-            if not work.ran:  # (with OPENREG_LAUNCH_BLOCKING=1 the kernel ran, and its error is the caller's)
-                self._withdraw(ops, ticket)
-            raise
-        finally:
-            if stream is not caller:
-                openreg.set_stream(caller)
-        work.record(stream)
-        self._last[device] = work.event
-        if LAUNCH_BLOCKING and stream is not caller:
-            caller.check_error()  # the collective ran at its launch: its error is reported here
-
-    def _withdraw(self, ops: list[_Op], ticket: int) -> None:
-        """A launch failed after its ops were numbered: give their places up, so no peer waits for them."""
-        self.transport.release(ticket)
-        for op in ops:
-            if op.signature is not None and op.check is not None:
-                self.checker.withdraw(op.check)
-
-    def _start(self, ops: list[_Op]) -> None:
-        """At launch, on the host: number each collective for the checks against the peers."""
-        if self._closed:
-            raise RuntimeError(f"occl: process group {self.group!r} was destroyed")
-        for op in ops:
-            if op.signature is not None:
-                op.check = self.checker.add(op.signature)
-
-    def _kernel(self, name: str, ticket: int, ops: list[_Op], work: Work) -> None:
-        """On its stream: in ticket order, check against the peers and issue; then wait, GIL released.
-
-        A failure is reported to the stream the collective was launched from, at its next synchronizing
-        call, as a kernel launched there would report it (from the group's stream, by ``report_failure``).
-        """
-        work.ran = True
-        handles: list = []
-        finishes = []
-        try:
-            try:
-                self.transport.turn(ticket)
-                for op in ops:
-                    self._verify(op)
-                for op in ops:
-                    finishes.append(op.issue(host_views(*op.tensors), handles))
-            finally:
-                self.transport.release(ticket)
-            try:
-                for handle in handles:
-                    handle.wait()
-            except RuntimeError as exc:
-                raise TransportError(f"occl: {name} on rank {self.rank} of process group {self.group!r} failed in "
-                                     f"the transport (a peer exited or timed out): {exc}") from exc
-            for finish in finishes:
-                if finish is not None:
-                    finish()
-        except BaseException as exc:
-            _drain(handles)  # gloo may still be writing into this kernel's memory: never leave before it is done
-            # the message only: the exception's frames hold this kernel's Work, which C++ holds too (a
-            # cycle through C++ that the garbage collector cannot see, keeping the tensors alive)
-            work.error = f"{type(exc).__name__}: {exc}"
-            if work.group_stream is None or not isinstance(exc, Exception):
-                raise  # on the caller's own stream, which reports it (with its launch site, if asked)
-            detach_frames(exc)  # its frames hold host views of device memory
-            work.caller.report_failure(work.kernel, exc)
-    # LITERALINCLUDE END: OCCL SUBMIT
-
-    def _verify(self, op: _Op) -> None:
-        if op.verify is not None:
-            op.verify()
-        elif op.check is not None:
-            try:
-                self.checker.verify(op.check)
-            except MismatchError:
-                raise
-            except RuntimeError as exc:
-                raise TransportError(f"occl: rank {self.rank} of process group {self.group!r} could not reach its "
-                                     f"peers (a peer exited or timed out): {exc}") from exc
-
-    # --- coalescing (batch_isend_irecv, _coalescing_manager): one kernel for many calls ----------
-    def start_coalescing(self) -> None:
-        if self._coalesced is not None:
-            raise RuntimeError("occl: start_coalescing called twice without end_coalescing")
-        self._coalesced = []
-
-    def end_coalescing(self) -> Work:
-        calls, self._coalesced = self._coalesced, None
-        if calls is None:
-            raise RuntimeError("occl: end_coalescing called without start_coalescing")
-        devices = {device for _, device, _, _, _ in calls}
-        if len(devices) > 1:
-            raise RuntimeError(f"occl: coalesced calls span devices {sorted(devices)}; one device per group")
-        device = devices.pop() if devices else openreg.get_device()
-        outputs = [t for call in calls for t in call[3]]
-        names = ",".join(dict.fromkeys(call[0] for call in calls)) or "nothing"
-        work = Work(f"coalesced({names})", device, outputs)
-        with self._lock:
-            self._launch(device, [op for call in calls for op in call[2]], work, "occl:coalesced")
-        for call in calls:
-            call[4].join(work)
-        return work
-
-    # --- lifetime ----------------------------------------------------------------------------------
-    def shutdown(self) -> None:
-        """``destroy_process_group``: let launched collectives finish, then close the transport."""
-        if self._closed:
-            return
-        self._closed = True
-        for event in list(self._last.values()):
-            try:
-                event.synchronize()
-            except Exception:  # noqa: BLE001 - its error stays on its stream, for the next synchronize
-                pass
-        self._last.clear()
-        self.transport.close()
-
-    def abort(self) -> None:
-        """Close at once: kernels not yet issued fail; issued transfers end on the transport's timeout."""
-        self._closed = True
-        self._last.clear()
-        self.transport.close()
-
-    def set_timeout(self, timeout_ms: int) -> None:
-        for pg in (self.transport.data, self.transport.ctrl):
-            pg.set_timeout(timedelta(milliseconds=timeout_ms))
+class OCCL(GroupLauncher):
+    """The Python side of one occl process group: each collective's checks and what its kernel issues
+    (:class:`~.launcher.GroupLauncher` numbers and launches it)."""
 
     # --- argument checks -------------------------------------------------------------------------
     def _device(self, name: str, *groups: Sequence[torch.Tensor]) -> int:
@@ -342,7 +102,7 @@ class OCCL:
         return Signature(same, text, sends, recvs, self.size)
 
     # --- reductions ------------------------------------------------------------------------------
-    def _reduce_op(self, t: torch.Tensor, op: int, factor, issue_sum: Callable, root: int = -1) -> _Op:
+    def _reduce_op(self, t: torch.Tensor, op: int, factor, issue_sum: Callable, root: int = -1) -> Op:
         """An op that reduces ``t`` with ``op``: PREMUL_SUM scales a copy first, AVG divides after.
 
         ``issue_sum(host buffer, transport op, handles)`` issues the transfer. The result lands in
@@ -356,10 +116,10 @@ class OCCL:
             view = views[0]
             if op == PREMUL_SUM:
                 scale = views[1] if factor_t else factor
-                host = _Host(view.resolve_conj().resolve_neg() * (
+                host = HostBuffer(view.resolve_conj().resolve_neg() * (
                     scale.to(view.dtype) if isinstance(scale, torch.Tensor) else scale))
             else:
-                host = _Host(view if writes else view.clone())
+                host = HostBuffer(view if writes else view.clone())
             issue_sum(host.t, SUM if op in (AVG, PREMUL_SUM) else op, handles)
 
             def finish() -> None:
@@ -370,7 +130,7 @@ class OCCL:
                 if host.staging is not view:
                     view.copy_(host.staging)
             return finish
-        return _Op([t, *factor_t], issue)
+        return Op([t, *factor_t], issue)
 
     # LITERALINCLUDE START: OCCL ALLREDUCE
     def allreduce(self, tensors: Sequence[torch.Tensor], reduction: tuple, timeout_ms: int,
@@ -412,7 +172,7 @@ class OCCL:
         return self._submit(name, device, [sent], [t], async_op=async_op)
 
     def _reduce_scatter_op(self, name: str, out: torch.Tensor, inputs: list[torch.Tensor], reduction: tuple,
-                           timeout_ms: int) -> _Op:
+                           timeout_ms: int) -> Op:
         """Reduce ``inputs[j]`` of every rank into ``out`` of rank ``j``: one gloo reduce-scatter over a
         staged concatenation (the inputs keep their values)."""
         op, factor = self._reduction(name, reduction, out)
@@ -427,7 +187,7 @@ class OCCL:
             flat = torch.cat([v.resolve_conj().resolve_neg().reshape(-1) for v in ins])
             if op == PREMUL_SUM:
                 flat.mul_(scale.to(flat.dtype) if isinstance(scale, torch.Tensor) else scale)
-            result = _Host(out_view, load=False)
+            result = HostBuffer(out_view, load=False)
             real = torch.view_as_real(flat) if flat.is_complex() else flat
             handles.append(self.transport.reduce_scatter_into(
                 result.t.reshape(-1), real.reshape(-1), SUM if op in (AVG, PREMUL_SUM) else op, timeout_ms))
@@ -438,7 +198,7 @@ class OCCL:
                 result.store()
             return finish
 
-        sent = _Op([out, *inputs, *factor_t], issue)
+        sent = Op([out, *inputs, *factor_t], issue)
         sent.signature = self._signature(f"{name} {describe(out)} op={OP_NAMES[op]}")
         return sent
 
@@ -461,7 +221,7 @@ class OCCL:
                                                                           timeout_ms)], [output], async_op=async_op)
 
     def _reduce_scatter_tensor_op(self, name: str, output: torch.Tensor, input: torch.Tensor, reduction: tuple,
-                                  timeout_ms: int) -> _Op:
+                                  timeout_ms: int) -> Op:
         if input.dtype != output.dtype:
             raise RuntimeError(f"occl: {name} input is {input.dtype}, output is {output.dtype}")
         if input.numel() != self.size * output.numel():
@@ -488,14 +248,14 @@ class OCCL:
         self._root(name, root)
 
         def issue(views: list, handles: list):
-            buf = _Host(views[0], raw=True, load=self.rank == root)
+            buf = HostBuffer(views[0], raw=True, load=self.rank == root)
             handles.append(self.transport.broadcast(buf.t, root, timeout_ms))
             return buf.store
 
-        return self._submit(name, device, [_Op([t], issue, self._signature(f"broadcast {describe(t)} root={root}"))],
-                            [t])
+        return self._submit(name, device, [Op([t], issue, self._signature(f"broadcast {describe(t)} root={root}"))],
+                            [t], async_op=async_op)
 
-    def _allgather_op(self, name: str, outputs: list[torch.Tensor], t: torch.Tensor, timeout_ms: int) -> _Op:
+    def _allgather_op(self, name: str, outputs: list[torch.Tensor], t: torch.Tensor, timeout_ms: int) -> Op:
         if len(outputs) != self.size:
             raise RuntimeError(f"occl: {name} needs one output per rank ({self.size}), got {len(outputs)}")
         self._same(name, t, outputs, "output")
@@ -503,8 +263,8 @@ class OCCL:
         rank, size = self.rank, self.size
 
         def issue(views: list, handles: list):
-            src = _Host(views[0], raw=True)
-            outs = [_Host(v, raw=True, load=False) for v in views[1:]]
+            src = HostBuffer(views[0], raw=True)
+            outs = [HostBuffer(v, raw=True, load=False) for v in views[1:]]
             if even:
                 handles.append(self.transport.allgather([o.t for o in outs], src.t, timeout_ms))
             else:  # uneven sizes: every rank broadcasts its own part
@@ -518,7 +278,7 @@ class OCCL:
             return finish
 
         nbytes = t.numel() * t.element_size()
-        return _Op([t, *outputs], issue, self._signature(
+        return Op([t, *outputs], issue, self._signature(
             f"{name} {describe(t).split('[')[0]}", f"{name} {describe(t)} into {[describe(o) for o in outputs]}",
             sends=[nbytes] * size, recvs=[o.numel() * o.element_size() for o in outputs]))
 
@@ -539,7 +299,7 @@ class OCCL:
         ops = [self._allgather_op(name, list(o), t, timeout_ms) for o, t in zip(outputs, inputs)]
         return self._submit(name, device, ops, [t for o in outputs for t in o], async_op=async_op)
 
-    def _allgather_into_op(self, name: str, output: torch.Tensor, t: torch.Tensor, timeout_ms: int) -> _Op:
+    def _allgather_into_op(self, name: str, output: torch.Tensor, t: torch.Tensor, timeout_ms: int) -> Op:
         if output.dtype != t.dtype:
             raise RuntimeError(f"occl: {name} output is {output.dtype}, input is {t.dtype}")
         if output.numel() != self.size * t.numel():
@@ -547,11 +307,11 @@ class OCCL:
                                f"({self.size}) x input ({t.numel()}) = {self.size * t.numel()}")
 
         def issue(views: list, handles: list):
-            src, out = _Host(views[0], raw=True), _Host(views[1], raw=True, load=False)
+            src, out = HostBuffer(views[0], raw=True), HostBuffer(views[1], raw=True, load=False)
             handles.append(self.transport.allgather_into(out.t, src.t, timeout_ms))
             return out.store
 
-        return _Op([t, output], issue, self._signature(f"{name} {describe(t)}"))
+        return Op([t, output], issue, self._signature(f"{name} {describe(t)}"))
 
     def allgather_into_tensor(self, output: torch.Tensor, input: torch.Tensor, timeout_ms: int,
                               async_op: bool = True) -> Work:
@@ -591,8 +351,8 @@ class OCCL:
         outs = self._root_list(name, outputs, "output", t, root)
 
         def issue(views: list, handles: list):
-            src = _Host(views[0], raw=True)
-            dsts = [_Host(v, raw=True, load=False) for v in views[1:]]
+            src = HostBuffer(views[0], raw=True)
+            dsts = [HostBuffer(v, raw=True, load=False) for v in views[1:]]
             handles.append(self.transport.gather([d.t for d in dsts], src.t, root, timeout_ms))
 
             def finish() -> None:
@@ -600,7 +360,7 @@ class OCCL:
                     d.store()
             return finish
 
-        return self._submit(name, device, [_Op([t, *outs], issue, self._signature(
+        return self._submit(name, device, [Op([t, *outs], issue, self._signature(
             f"gather {describe(t)} root={root}"))], outs, async_op=async_op)
 
     def scatter(self, outputs: Sequence[torch.Tensor], inputs: Sequence[Sequence[torch.Tensor]], root: int,
@@ -612,12 +372,12 @@ class OCCL:
         ins = self._root_list(name, inputs, "input", t, root)
 
         def issue(views: list, handles: list):
-            dst = _Host(views[0], raw=True, load=False)
-            srcs = [_Host(v, raw=True) for v in views[1:]]
+            dst = HostBuffer(views[0], raw=True, load=False)
+            srcs = [HostBuffer(v, raw=True) for v in views[1:]]
             handles.append(self.transport.scatter(dst.t, [s.t for s in srcs], root, timeout_ms))
             return dst.store
 
-        return self._submit(name, device, [_Op([t, *ins], issue, self._signature(
+        return self._submit(name, device, [Op([t, *ins], issue, self._signature(
             f"scatter {describe(t)} root={root}"))], [t], async_op=async_op)
 
     def alltoall_base(self, output: torch.Tensor, input: torch.Tensor, output_splits: list[int],
@@ -632,12 +392,12 @@ class OCCL:
         out_row = output.element_size() * (output[0].numel() if output.dim() and output.shape[0] else 0)
 
         def issue(views: list, handles: list):
-            out, src = _Host(views[0], raw=True, load=False), _Host(views[1], raw=True)
+            out, src = HostBuffer(views[0], raw=True, load=False), HostBuffer(views[1], raw=True)
             handles.append(self.transport.alltoall(out.t, src.t, [n * out_row for n in outs],
                                                    [n * row for n in ins], timeout_ms))
             return out.store
 
-        return self._submit(name, device, [_Op([output, input], issue, self._signature(
+        return self._submit(name, device, [Op([output, input], issue, self._signature(
             f"{name} {describe(input).split('[')[0]}",
             f"{name} {describe(input)} splits {ins} into {describe(output)} splits {outs}",
             sends=[n * row for n in ins], recvs=[n * out_row for n in outs]))], [output], async_op=async_op)
@@ -668,18 +428,18 @@ class OCCL:
         n = self.size
 
         def issue(views: list, handles: list):
-            src = torch.cat([_Host(v, raw=True).t for v in views[n:]])
+            src = torch.cat([HostBuffer(v, raw=True).t for v in views[n:]])
             dst = torch.empty(sum(recvs), dtype=torch.uint8)
             handles.append(self.transport.alltoall(dst, src, recvs, sends, timeout_ms))
 
             def finish() -> None:
                 for part, view in zip(dst.split(recvs), views[:n]):
-                    out = _Host(view, raw=True, load=False)
+                    out = HostBuffer(view, raw=True, load=False)
                     out.t.copy_(part)
                     out.store()
             return finish
 
-        return self._submit(name, device, [_Op([*outputs, *inputs], issue, self._signature(
+        return self._submit(name, device, [Op([*outputs, *inputs], issue, self._signature(
             f"{name} {describe(t).split('[')[0]}", f"{name} sends {sends} bytes, receives {recvs} bytes",
             sends=sends, recvs=recvs))], list(outputs), async_op=async_op)
 
@@ -695,10 +455,10 @@ class OCCL:
             sent_header = self.transport.send_header(header.buffer, dst, tag)
 
         def issue(views: list, handles: list):
-            handles.append(self.transport.send(_Host(views[0], raw=True).t, dst, tag))
+            handles.append(self.transport.send(HostBuffer(views[0], raw=True).t, dst, tag))
             handles.append(sent_header)
 
-        return self._submit(name, device, [_Op([t], issue, verify=lambda: None)], [])
+        return self._submit(name, device, [Op([t], issue, verify=lambda: None)], [])
 
     def recv(self, tensors: Sequence[torch.Tensor], src: int, tag: int) -> Work:
         """Receive from ``src`` (``-1``: any source); the sender's header is checked before its data."""
@@ -725,11 +485,11 @@ class OCCL:
                                     f"but rank {sender} sent {text}")
 
         def issue(views: list, handles: list):
-            out = _Host(views[0], raw=True, load=False)
+            out = HostBuffer(views[0], raw=True, load=False)
             handles.append(self.transport.recv(out.t, received_op.work.source, tag))
             return out.store
 
-        received_op = _Op([t], issue, verify=verify)
+        received_op = Op([t], issue, verify=verify)
         return self._submit(name, device, [received_op], [t], blocking=src < 0)
     # LITERALINCLUDE END: OCCL P2P
 
@@ -747,16 +507,9 @@ class OCCL:
         def issue(views: list, handles: list):
             handles.append(self.transport.barrier(timeout_ms))
 
-        return self._submit("barrier", device, [_Op([], issue, self._signature("barrier"))], [], blocking=True,
+        return self._submit("barrier", device, [Op([], issue, self._signature("barrier"))], [], blocking=True,
                             async_op=async_op)
 
-
-def _drain(handles: list) -> None:
-    for handle in handles:
-        try:
-            handle.wait()
-        except Exception:  # noqa: BLE001 - the first error is the one reported
-            pass
 
 
 # LITERALINCLUDE START: OCCL CREATE

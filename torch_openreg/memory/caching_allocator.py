@@ -95,7 +95,7 @@ class DeviceCachingAllocator:
     """The caching allocator of one device.
 
     ``malloc`` and ``free`` run for every tensor, so they are written for speed: the lock is taken
-    with ``acquire``/``release`` (half the cost of ``with``), free lists are per pool and then per
+    with ``acquire``/``release`` (cheaper than ``with``: docs/performance.md), free lists are per pool and then per
     stream, and each event updates the statistics in one call.
     """
 

@@ -124,8 +124,8 @@ class Stats:
             peak, small, large = self.arrays[source]
             self.arrays[name] = (peak, small, large) if on else (Peak(peak.peak), small.copy(), large.copy())
         self.mirrored = on
-        # Per pool, a HotStats of Tracked, stored as plain tuples: a NamedTuple unpacks through the generic
-        # iterator, twice as slow, and the hot events unpack 12 of them (their names follow the fields).
+        # Per pool, a HotStats of Tracked, stored as plain tuples: the hot events unpack 12 of them, and a
+        # NamedTuple unpacks through the generic iterator (docs/performance.md; their names follow the fields).
         self._hot = [None] + [
             tuple(tuple(Tracked(self.arrays[name][pool], self.arrays[name][3 - pool], self.arrays[name][ALL]))
                   for name in HotStats._fields)
