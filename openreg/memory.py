@@ -24,7 +24,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from . import memcheck, platform, sanitizer
+from . import memcheck, platform
 from .arena import Arena
 from .device import check_device, device_capacity, device_count, forked, start
 from .errors import ErrorCode, OpenRegError
@@ -209,10 +209,27 @@ def free(ptr: int) -> None:
 # LITERALINCLUDE END: RUNTIME MALLOC
 
 
+# Called with a device pointer as it is freed, before its bytes can be named again: the stream sanitizer forgets
+# their accesses. A list that features above this module register with, so that memory imports none of them.
+_free_hooks: list[Callable[[int], None]] = []
+
+
+def add_free_hook(fn: Callable[[int], None]) -> None:
+    """Call ``fn(ptr)`` whenever device memory is freed (openreg/sanitizer.py, while it is on)."""
+    if fn not in _free_hooks:
+        _free_hooks.append(fn)
+
+
+def remove_free_hook(fn: Callable[[int], None]) -> None:
+    """Stop calling a hook added with :func:`add_free_hook` (nothing if it is not there)."""
+    if fn in _free_hooks:
+        _free_hooks.remove(fn)
+
+
 def _free(ptr: int, kind: str) -> None:
     """Mark a ``kind`` allocation freed; release it now unless a launch still names it."""
-    if sanitizer.enabled:  # no launch can name these bytes any more: the sanitizer forgets their accesses
-        sanitizer.forget(ptr)
+    for hook in _free_hooks:  # no launch can name these bytes any more: e.g. the sanitizer forgets their accesses
+        hook(ptr)
     with _lock:
         alloc = _allocs.get(ptr)
         if alloc is None or alloc.kind != kind or alloc.free_pending:

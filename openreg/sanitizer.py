@@ -53,12 +53,14 @@ def enable() -> None:
         if not enabled:
             reset()
             enabled = True
+            memory.add_free_hook(forget)
 
 
 def disable() -> None:
     """Stop checking (what was recorded is forgotten at the next :func:`enable`)."""
     global enabled
     enabled = False
+    memory.remove_free_hook(forget)
 
 
 def is_enabled() -> bool:
@@ -441,6 +443,8 @@ def freed(ptr: int, nbytes: int, device: int, stream: int) -> None:
 
 def forget(ptr: int) -> None:
     """The driver frees an allocation: nothing can name its bytes again before the address is reused."""
+    if not enabled:
+        return
     alloc = memory.find(ptr)
     if alloc is None:
         return
@@ -533,3 +537,7 @@ def _format(stack: tuple) -> list[str]:
         if text:
             lines.append(f"      {text}")
     return lines
+
+
+if enabled:  # on from the start (OPENREG_STREAM_SANITIZER=1): frees are reported from the first one
+    memory.add_free_hook(forget)

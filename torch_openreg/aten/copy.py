@@ -11,8 +11,7 @@ from __future__ import annotations
 import torch
 
 import openreg
-from torch_openreg import _C
-from torch_openreg.device import sync_debug
+from torch_openreg import _C, sync_debug
 from torch_openreg.memory import host_allocator, owner
 from torch_openreg.timing import costs as timing_costs
 

@@ -28,8 +28,7 @@ from typing import Any
 import torch
 
 import openreg
-from torch_openreg import _C
-from torch_openreg.device import sync_debug
+from torch_openreg import _C, sync_debug
 from torch_openreg.timing import costs as timing_costs
 
 from . import cpu_rules

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from torch_openreg.device import sync_debug
+from torch_openreg import sync_debug
 
 from .launch import detach_frames, host_view, run_sync
 from .traits import Kind, OpTraits

@@ -18,7 +18,7 @@ import weakref
 
 import torch
 
-from torch_openreg.device import sync_debug
+from torch_openreg import sync_debug
 
 from .launch import host_view, launch, run_sync
 

@@ -15,7 +15,6 @@ from typing import Any
 import torch
 
 import openreg
-from torch_openreg import sync_debug  # noqa: F401  (the mode the bridge and the operators check)
 from torch_openreg._runtime import SUPPORTED_DTYPES  # noqa: F401  (torch.openreg.SUPPORTED_DTYPES)
 from torch_openreg.sync_debug import get_sync_debug_mode, set_sync_debug_mode
 from torch_openreg.timing import device_profiles, get_device_profile, set_device_profile, simulate  # noqa: E402, I001
