@@ -315,8 +315,18 @@ def test_the_suites_runner_compares_a_file_on_both_devices_and_writes_its_table(
     assert cells[0] == "call_cases" and cells[1] == "9"  # nine tests, named without their device
     assert cells[2] == "8 / 9" and cells[3] == "0"  # the out= device test needs another device: skipped on the CPU
     cpu_seconds, openreg_seconds = (float(x) for x in cells[6].split(" / "))
-    assert cpu_seconds >= 0 and openreg_seconds > 0 and float(cells[7]) > 0
+    assert cpu_seconds >= 0 and openreg_seconds >= 0 and float(cells[7]) >= 0
     assert "0 openreg-only failures" in table and "call_cases" in capsys.readouterr().out
+
+
+def test_the_suites_time_ratio_counts_only_tests_that_passed_on_both_devices():
+    from torch_openreg.testing.suites import Run, matched_seconds
+
+    cpu = Run(outcomes={"a": "passed", "b": "passed", "c": "failure", "d": "passed"},
+              durations={"a": 1.0, "b": 2.0, "c": 50.0, "d": 4.0})
+    openreg = Run(outcomes={"a": "passed", "b": "failure", "c": "passed", "d": "skipped"},
+                  durations={"a": 3.0, "b": 70.0, "c": 5.0, "d": 0.0})
+    assert matched_seconds(cpu, openreg) == (1.0, 3.0)  # only "a" passed on both
 
 
 # test_sort_and_select.py test_stable_sort_against_numpy: index_fill with a CPU index tensor, as CUDA takes it,

@@ -147,7 +147,7 @@ def row(name: str, cpu: Run, openreg: Run, diff: dict[str, list[str]]) -> str:
     matched = matched_seconds(cpu, openreg)
     return (f"| {name} | {len(openreg.outcomes)} | {_count(cpu, 'passed')} / {_count(openreg, 'passed')} "
             f"| {len(diff['fail'])} | {len(diff['skip'])} | {len(diff['restricted'])} "
-            f"| {matched[0]:.1f} / {matched[1]:.1f} | {matched[1] / max(matched[0], 1e-9):.2f} "
+            f"| {matched[0]:.2f} / {matched[1]:.2f} | {matched[1] / max(matched[0], 1e-9):.2f} "
             f"| {cpu.seconds:.0f} / {openreg.seconds:.0f} |")
 
 
