@@ -9,6 +9,7 @@ was at least one launch running", the way NVML samples a GPU's utilization (its 
 from __future__ import annotations
 
 import collections
+import threading
 import time
 from collections.abc import Callable
 
@@ -18,6 +19,16 @@ SAMPLE_PERIOD = 1.0  # seconds, as NVML's longest sample period
 _KEPT = 1 << 16  # launches remembered per device: more than a 2-core host finishes in a sample period
 
 _finished: list[collections.deque] = [collections.deque(maxlen=_KEPT) for _ in range(device_count())]
+
+
+class _Running(threading.local):
+    """The launch this thread is running now, ``(name, device, stream id)`` or None: a native fault inside a
+    kernel (a CPU kernel reading past a buffer) is reported with the operator that was running."""
+
+    kernel: tuple[str, int, int] | None = None
+
+
+running = _Running()
 
 
 def record(device: int, start_ns: int, end_ns: int, name: str) -> None:

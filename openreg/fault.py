@@ -6,8 +6,9 @@ is using that memory or not. This handler (installed with the first device alloc
 faulting address up among live allocations, prints what was hit, then restores the previous handler
 and returns: the access faults again and the process ends the ordinary way (with faulthandler's
 traceback when it is enabled). With ``OPENREG_MEMCHECK=1`` a kernel that touches a view its launch
-did not name faults too, and is reported under the device address. Faults elsewhere go straight to
-the previous handler. The signal ABI is ``openreg.platform``'s.
+did not name faults too, and is reported under the device address. A fault elsewhere is reported only when
+it happens inside a kernel (naming the operator that was running: a CPU kernel that read past a buffer), then
+goes to the previous handler too. The signal ABI is ``openreg.platform``'s.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import os
 import threading
 from collections.abc import Callable
 
-from . import memcheck, memory, platform
+from . import activity, memcheck, memory, platform
 from .platform import libc
 
 _previous = {sig: platform.SigAction() for sig in platform.FAULT_SIGNALS} if platform.SigAction else {}
@@ -72,7 +73,12 @@ def add_annotator(fn: Callable[[int], str | None]) -> None:
 
 
 def _on_fault(signum: int, info: int, context: int) -> None:
-    message = describe(platform.fault_address(info))
+    addr = platform.fault_address(info)
+    message = describe(addr)
+    kernel = activity.running.kernel  # a fault inside a kernel names the operator, wherever the access went
+    if kernel is not None:
+        message = (message or f"openreg: a native fault (signal {signum}) at 0x{addr:x}, outside device memory.\n")
+        message += f"openreg: the fault happened inside kernel {kernel[0]} on openreg:{kernel[1]} stream {kernel[2]}.\n"
     if message:
         os.write(2, message.encode())
     libc.sigaction(signum, ctypes.byref(_previous[signum]), None)  # re-fault into the old handler

@@ -111,6 +111,7 @@ class _Queue:
         run (frees waiting on them go through); with ``OPENREG_MEMCHECK`` their views are open only meanwhile.
         """
         started = time.perf_counter_ns()
+        running, activity.running.kernel = activity.running.kernel, (item.name, self.device, self.id)
         try:
             if memcheck.enabled:
                 memcheck.before(item.spans)
@@ -124,6 +125,7 @@ class _Queue:
             else:
                 self.fail(item.name, exc, getattr(item.tag, "launch_site", None))
         finally:
+            activity.running.kernel = running  # (a kernel run inside another's wait restores the outer one)
             if memcheck.enabled:
                 memcheck.after(item.spans)
             activity.record(self.device, started, time.perf_counter_ns(), item.name)

@@ -225,3 +225,20 @@ openreg.fault.add_annotator(good)  # once only
     assert _REPORT.search(proc.stderr)
     assert "fault annotator <function broken" in proc.stderr and "KeyError('no such block')" in proc.stderr
     assert proc.stderr.count(f"client: it is tensor block 0x{ptr:x}") == 1
+
+
+def test_a_native_fault_inside_a_kernel_names_the_kernel(run_python):
+    """Not every native fault in a kernel hits device memory (a CPU kernel reading past the end of a host buffer,
+    as torch.sparse.mm's backward once did): the report names the operator that was running, on its stream."""
+    code = """
+import ctypes, faulthandler
+import openreg
+openreg.malloc(64)  # the reporter is installed with the first device allocation
+s = openreg.Stream()
+s.launch(lambda: ctypes.string_at(8, 8), name="aten::reads_past_its_buffer")
+s.synchronize()
+print("survived", flush=True)
+"""
+    proc = run_python(code)
+    assert proc.returncode == SIGSEGV and "survived" not in proc.stdout
+    assert re.search(r"inside kernel aten::reads_past_its_buffer on openreg:0 stream \d+", proc.stderr), proc.stderr
