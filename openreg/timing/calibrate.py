@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import statistics
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from . import model
@@ -191,15 +191,20 @@ def solve(traces: Mapping[str, Mapping], measured: Mapping[str, Mapping], profil
             if e_low == e_high or (e_low > 0) == (e_high > 0):  # the figure does not depend on it, or out of range
                 params[name] = low if abs(e_low) < abs(e_high) else high
                 continue
-            rising = e_high > e_low
-            for _ in range(50):
-                mid = (low + high) / 2
-                if (error(mid) > 0) == rising:
-                    high = mid
-                else:
-                    low = mid
-            params[name] = (low + high) / 2
+            params[name] = bisect(error, low, high)
     return params
+
+
+def bisect(error: Callable[[float], float], low: float, high: float, steps: int = 50) -> float:
+    """The value in ``[low, high]`` where ``error`` changes sign (it changes sign there once)."""
+    rising = error(high) > error(low)
+    for _ in range(steps):
+        mid = (low + high) / 2
+        if (error(mid) > 0) == rising:
+            high = mid
+        else:
+            low = mid
+    return (low + high) / 2
 # LITERALINCLUDE END: TIMING SOLVE
 
 

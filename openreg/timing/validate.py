@@ -94,14 +94,7 @@ def fit(rows: list[dict]) -> dict:
                     trial = with_parameters(profiles[row["device"]], {**params, name: x})
                     return predict_figure(row, trial) - row["value"]
 
-                rising = error(high) > error(low)
-                for _ in range(60):
-                    mid = (low + high) / 2
-                    if (error(mid) > 0) == rising:
-                        high = mid
-                    else:
-                        low = mid
-                params[name] = (low + high) / 2
+                params[name] = calibrate.bisect(error, low, high, 60)
         h100 = with_parameters(profiles["h100-sxm"], params)
         for name, value in calibrate.solve(traces, measured, h100).items():
             params[name.removeprefix("efficiency.")] = value
