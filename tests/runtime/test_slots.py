@@ -22,10 +22,8 @@ def _until(condition, what: str, limit: float = 30.0) -> None:
 
 
 @pytest.fixture
-def gated():
+def gated(asynchronous):
     """Every slot of device 0 held by a kernel that waits for a gate; yields the gates (opened at the end)."""
-    if openreg.LAUNCH_BLOCKING:
-        pytest.skip("needs asynchronous launches (OPENREG_LAUNCH_BLOCKING is set)")
     started, gates, streams = [], [], []
     for _ in range(slots.count(0)):
         running, gate, stream = threading.Event(), threading.Event(), openreg.Stream(0)
@@ -100,10 +98,8 @@ def test_slot_count_is_bounded_and_settable():
         assert info.value.code == ErrorCode.INVALID_VALUE
 
 
-def test_two_streams_still_overlap():
+def test_two_streams_still_overlap(asynchronous):
     """Two kernels on two streams run at the same time (each waits for the other to have started)."""
-    if openreg.LAUNCH_BLOCKING:
-        pytest.skip("needs asynchronous launches (OPENREG_LAUNCH_BLOCKING is set)")
     a_started, b_started = threading.Event(), threading.Event()
 
     def meet(mine: threading.Event, other: threading.Event) -> None:
@@ -118,11 +114,9 @@ def test_two_streams_still_overlap():
     s2.synchronize()
 
 
-def test_a_stream_waiting_for_an_event_holds_no_slot():
+def test_a_stream_waiting_for_an_event_holds_no_slot(asynchronous):
     """A GPU stream waiting for an event occupies no multiprocessor: with two slots, one held by a gated kernel and
     a stream waiting for an event recorded after it, a third stream's kernel still runs."""
-    if openreg.LAUNCH_BLOCKING:
-        pytest.skip("needs asynchronous launches (OPENREG_LAUNCH_BLOCKING is set)")
     previous = slots.set_count(0, 2)
     gate, running, ran = threading.Event(), threading.Event(), threading.Event()
     gated, waiting, other = openreg.Stream(0), openreg.Stream(0), openreg.Stream(0)
