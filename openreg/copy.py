@@ -6,6 +6,7 @@ import ctypes
 import enum
 
 from . import memcheck, memory, sanitizer, timing
+from . import stream as _stream
 from .errors import ErrorCode, OpenRegError
 from .stream import Stream, current_stream
 
@@ -164,6 +165,20 @@ def memcpy_dtoh_into(dst: int, src: int, nbytes: int, stream: Stream | None = No
     stream = _ready_to_read(src, nbytes, stream, name, about)
     stream.transfer(name, _engine.read_into, src, nbytes, dst)
     return True
+
+
+# LITERALINCLUDE START: READ NOW
+def reads_now(stream: Stream) -> bool:
+    """Whether a synchronous read of a few bytes ordered by ``stream`` is, at this moment, nothing but a load
+    through the device's view, which the caller may do itself: nothing is queued or running on the stream,
+    no kernel error waits to be reported there, it is not being captured, and no debugging feature (the
+    stream sanitizer, memcheck, a profiler's observer or launch hook) wants to see the transfer. A ``.item()``
+    of a ready tensor, which PyTorch's test files call millions of times, then costs a load, as the
+    CPU's does. False: take :func:`memcpy_dtoh_into`, which waits, reports and records."""
+    q = stream._q
+    return (q.done >= q.launched and not q.busy and q.error is None and q.capture is None
+            and not (sanitizer.enabled or memcheck.enabled or _stream._observers or _stream._launch_hook))
+# LITERALINCLUDE END: READ NOW
 
 
 def _ready_to_read(src: int, nbytes: int, stream: Stream | None, name: str, about: object) -> Stream:

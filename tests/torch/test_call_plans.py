@@ -12,7 +12,7 @@ import torch
 
 from torch_openreg.aten import arguments, fallback
 from torch_openreg.aten.fast import call_plans
-from torch_openreg.aten.traits import traits_of
+from torch_openreg.aten.traits import ABSOLUTE, RELATIVE, UNPLACED, traits_of
 
 DEV = torch.device("openreg", 0)
 
@@ -200,6 +200,7 @@ def _key_cases():
     return {
         "tensors": ((x, x.t()), {}, False),
         "offset view": ((x[1:, 2:],), {"alpha": 2}, False),
+        "shared storages": ((x[1:], c, x[:-1]), {"out": [x[2:], c[1:]]}, False),
         "lazy bits": ((c.conj(), torch._neg_view(x)), {}, False),
         "numbers": ((x, 2, 2.0, True, 1j), {}, False),
         "numbers by type": ((x, 2, 2.5), {}, True),
@@ -212,7 +213,7 @@ def _key_cases():
     }
 
 
-@pytest.mark.parametrize("placed", [True, False], ids=["placed", "not placed"])
+@pytest.mark.parametrize("placed", [ABSOLUTE, RELATIVE, UNPLACED], ids=["absolute", "relative", "unplaced"])
 @pytest.mark.parametrize("name", list(_key_cases()))
 def test_python_and_the_bridge_give_one_call_shape(name, placed):
     """``arguments.arguments_key`` and ``_C._describe_call`` describe a call's arguments with the same key: the
@@ -238,7 +239,14 @@ def test_call_shapes_tell_apart_what_shapes_outputs():
     assert key((x[0],), {}, False, False) != key((x[0, :3],), {}, False, False)
     traits = [traits_of(op).placed for op in (torch.ops.aten.sin.default, torch.ops.aten.sin.out,
                                               torch.ops.aten.sin_.default, torch.ops.aten.unfold.default)]
-    assert traits == [False, True, True, True]  # fresh outputs; out=, in place, a view
+    assert traits == [UNPLACED, RELATIVE, RELATIVE, ABSOLUTE]  # fresh outputs; out=, in place, a view
+    # Written arguments: where they sit against the other arguments in their storage, not in it.
+    y = torch.randn(4, 6, device=DEV)
+    assert key((x[0], y[0]), {}, False, RELATIVE) == key((x[1], y[2]), {}, False, RELATIVE)
+    assert key((x[0], x[0]), {}, False, RELATIVE) == key((x[2], x[2]), {}, False, RELATIVE)
+    assert key((x[0], x[1]), {}, False, RELATIVE) != key((x[0], x[0]), {}, False, RELATIVE)  # overlap or not
+    assert key((x[0], x[1]), {}, False, RELATIVE) != key((x[0], y[1]), {}, False, RELATIVE)  # same storage or not
+    assert key((x[1:3], x[0:2]), {}, False, RELATIVE) == key((x[2:4], x[1:3]), {}, False, RELATIVE)
     c = torch.randn(3, dtype=torch.complex64, device=DEV)
     assert key((c,), {}) != key((c.conj(),), {}) != key((torch._neg_view(c),), {})
     assert key((x, torch.tensor([0, 1])), {}) is not None  # CPU indices: keyed by their metadata

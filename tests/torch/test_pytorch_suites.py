@@ -72,6 +72,41 @@ def test_views_of_slices_still_alias_their_own_row():
     torch.testing.assert_close(d.cpu(), x + 100)
 
 
+# test_scatter_gather_ops._test_scatter_base: ``expected[i, j, k] += src[i, j, k]`` element by element. A written
+# argument's call shape has where it sits against the call's other arguments in the same storage (what overlap
+# checks see), not its offset: one call shape for every element, so one checking run, not one per element.
+def test_in_place_writes_to_the_slices_of_a_tensor_share_one_call_shape(monkeypatch, launches, asynchronous):
+    from torch_openreg.aten import fallback
+
+    checks = []
+    path = fallback._path
+    launch = path.launch
+    monkeypatch.setattr(path, "launch", lambda call, check: checks.append((call.op, check)) or launch(call, check))
+    base, src = torch.randn(6, 5), torch.randn(6, 5)
+    d, s = base.to("openreg"), src.to("openreg")
+    for i in range(6):
+        for j in range(5):
+            d[i, j].atan2_(s[i, j])  # an in-place operator no other test here runs on 0-dim slices
+    torch.testing.assert_close(d.cpu(), base.atan2(src))
+    assert checks.count((torch.ops.aten.atan2.out, True)) == 1, checks  # the other 29 elements queued
+
+
+def test_overlapping_in_place_writes_are_still_refused_at_the_call():
+    """The same shapes, but the written argument now overlaps an input in its storage: a new call shape,
+    checked at the call, where the CPU kernel's overlap check raises."""
+    x = torch.arange(12.0)
+    d = x.to("openreg")
+    torch.atan2(d[0:4], d[4:8], out=d[4:8].clone())  # clean: no overlap
+    torch.atan2(d[0:4], d[4:8], out=d[8:12])  # clean: the same storage, no overlap
+    torch.testing.assert_close(d.cpu()[8:12], torch.atan2(x[0:4], x[4:8]))
+    for start in (2, 6):  # partial overlap with the first input, then with the second
+        cpu_error = _raised(lambda s=start: torch.atan2(x[0:4], x[4:8], out=x[s:s + 4]))
+        error = _raised(lambda s=start: torch.atan2(d[0:4], d[4:8], out=d[s:s + 4]))
+        assert type(error) is type(cpu_error) and str(error).split("\n")[0] == str(cpu_error).split("\n")[0]
+    torch.atan2(d[0:4], d[4:8], out=d[0:4])  # exactly the first input's memory: in place, as on the CPU
+    torch.testing.assert_close(d.cpu(), torch.cat([torch.atan2(x[0:4], x[4:8]), x[4:8], torch.atan2(x[0:4], x[4:8])]))
+
+
 # The suites read results back constantly (.item(), .cpu(), assertEqual): small synchronous copies go through
 # the runtime's copy engine (no kernel, no page opened to the host). They must give exactly what the CPU does.
 def _views(t: torch.Tensor) -> dict:
@@ -126,6 +161,87 @@ def test_an_engine_read_reports_an_earlier_kernel_error_first(asynchronous):
         t[0].item()
     del bad
     assert t[0].item() == 1.0  # reported once
+
+
+# test_tensor_creation_ops.test_linspace: ``all(y[:-1] < y[1:])`` over a million elements, each one ``.item()``.
+# Of a ready tensor (nothing queued, no error to report, no capture, nothing watching transfers), the copy
+# engine's read is a plain load, which the caller does; otherwise the engine waits, reports and records.
+def test_the_item_of_a_ready_tensor_is_a_load_and_otherwise_the_engine_waits(monkeypatch, fallback_fast,
+                                                                             asynchronous):
+    import threading
+    import time
+
+    import openreg
+
+    reads = []
+    engine = openreg.memcpy_dtoh_into
+    monkeypatch.setattr(openreg, "memcpy_dtoh_into", lambda *a, **k: reads.append(a) or engine(*a, **k))
+    d = torch.arange(6.0, device="openreg").mul(3)
+    d.mul(2)  # the call shape's first call runs at the call (checked); the next ones are queued
+    stream = openreg.current_stream(0)
+    torch.openreg.synchronize()
+    assert openreg.reads_now(stream)
+    assert [v.item() for v in d] == [0.0, 3.0, 6.0, 9.0, 12.0, 15.0] and reads == []  # six loads
+    release = threading.Event()
+    stream.launch(release.wait, 10)  # the stream is busy until released
+    doubled = d.mul(2)
+    assert not openreg.reads_now(stream)
+    threading.Timer(0.05, release.set).start()
+    assert doubled[5].item() == 30.0 and len(reads) == 1  # the engine waited for the kernel
+    assert openreg.reads_now(stream)
+    stream.launch(lambda: 1 / 0, name="failing")
+    while not stream.query():  # done, not reported
+        time.sleep(0.001)
+    assert not openreg.reads_now(stream)  # an error to report: the engine reports it
+    with pytest.raises(Exception, match="failing"):
+        d[0].item()
+    assert openreg.reads_now(stream)
+
+
+# A test file is almost all first calls: each test brings new shapes. A pointwise operator's outputs, for openreg
+# arguments that are contiguous and of one shape, are contiguous tensors of that shape in dtypes that do not
+# depend on the shape: a new shape of such a call costs no meta run (fast/meta_cache.py). What changes the
+# dtypes (a number's type, an argument's dtype, the default dtype) or the layout still gets its own meta run.
+_UNIFORM_CALLS = {
+    "int times a float": (lambda a, b: a * 2.5, torch.int32, torch.int32),
+    "comparison": (lambda a, b: torch.eq(a, b), torch.float32, torch.float64),
+    "floor division": (lambda a, b: torch.div(a, b.abs() + 1, rounding_mode="floor"), torch.int64, torch.int64),
+    "true division": (lambda a, b: torch.div(a, b.abs() + 1), torch.int64, torch.int64),
+    "three arguments": (lambda a, b: torch.where(a > 0, a, b), torch.float32, torch.float16),
+}
+
+
+@pytest.mark.parametrize("name", list(_UNIFORM_CALLS))
+def test_a_new_shape_of_a_pointwise_call_needs_no_meta_run(name, monkeypatch, fallback_fast):
+    from torch_openreg.aten import fallback
+    from torch_openreg.aten.fast import meta_cache
+
+    fn, da, db = _UNIFORM_CALLS[name]
+    meta_runs = []
+    monkeypatch.setattr(meta_cache, "meta_run", lambda call: meta_runs.append(call.op) or fallback.meta_run(call))
+    for i, shape in enumerate([(3, 5 + len(name)), (7, 2 + len(name)), (4 + len(name),), (2, 0, 3)]):
+        a = (torch.randn(shape) * 10).to(da)
+        b = (torch.randn(shape) * 10 + 20).to(db)
+        expected = fn(a, b)
+        got = fn(a.to("openreg"), b.to("openreg"))
+        for g, e in zip(got if isinstance(got, tuple) else (got,), expected if isinstance(expected, tuple) else
+                        (expected,)):
+            assert g.dtype == e.dtype and g.stride() == e.stride()
+            torch.testing.assert_close(g.cpu(), e, equal_nan=True)
+        if i == 1:
+            runs = len(meta_runs)
+    assert len(meta_runs) == runs  # the third shape and the empty one: no meta run
+    x = torch.randn(6, 4 + len(name), device="openreg")  # shapes and numbers no other test here uses
+    before = len(meta_runs)
+    torch.testing.assert_close((x.t() * 2.5).cpu(), x.cpu().t() * 2.5)  # not contiguous: its own meta run
+    torch.testing.assert_close((x * len(name)).cpu(), x.cpu() * len(name))  # another number: its own meta run
+    assert len(meta_runs) >= before + 2
+    torch.set_default_dtype(torch.float64)
+    try:
+        assert (torch.arange(5 + len(name), device="openreg") * 2.5).dtype == torch.float64  # the default dtype
+    finally:
+        torch.set_default_dtype(torch.float32)
+    assert (torch.arange(5 + len(name), device="openreg") * 2.5).dtype == torch.float32
 
 
 # test_type_promotion: a call shape's cached metadata and plan were kept across torch.set_default_dtype, so an

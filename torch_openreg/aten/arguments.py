@@ -15,7 +15,7 @@ import openreg
 from torch_openreg import _C
 
 from .launch import host_view
-from .traits import CPU_INDICES_OK, OpTraits
+from .traits import ABSOLUTE, CPU_INDICES_OK, RELATIVE, OpTraits
 
 NUMBERS = (bool, int, float, complex)
 
@@ -63,7 +63,7 @@ _DEVICES = [torch.device("openreg", i) for i in range(openreg.device_count())]
 
 
 # LITERALINCLUDE START: CALL KEY
-def call_key(args: tuple, kwargs: dict, numbers_by_type: bool = False, placed: bool = True) -> tuple | None:
+def call_key(args: tuple, kwargs: dict, numbers_by_type: bool = False, placed: int = ABSOLUTE) -> tuple | None:
     """The call shape: everything output metadata and the CPU kernel's checks depend on: the process-wide
     settings that change an operator's result (:func:`global_state`) and the arguments' key
     (:func:`arguments_key`). Every cache of the fallback is keyed by it. None when the call cannot be keyed."""
@@ -85,37 +85,46 @@ _default_dtype = torch.get_default_dtype
 _deterministic = torch._C._get_deterministic_algorithms
 
 
-def arguments_key(args: tuple, kwargs: dict, numbers_by_type: bool = False, placed: bool = True) -> tuple | None:
+def arguments_key(args: tuple, kwargs: dict, numbers_by_type: bool = False, placed: int = ABSOLUTE) -> tuple | None:
     """The arguments' part of the call shape, one flat tuple.
 
-    An openreg tensor is ``(device index, dtype, conj | neg << 1, storage offset, storage bytes,
-    *sizes, *strides)``, the offset and bytes 0 unless ``placed`` (``OpTraits.placed``: only views and
-    written arguments depend on them); a CPU tensor ``(-1, dtype, *sizes, *strides)``; a number ``(type, value)``
+    An openreg tensor is ``(device index, dtype, conj | neg << 1, place, storage bytes, *sizes, *strides)``,
+    where ``place`` and the bytes follow ``placed`` (above): 0 and 0 when UNPLACED; the storage offset when
+    ABSOLUTE; when RELATIVE, ``(storage number, offset - that storage's first offset)``, the storages numbered
+    in order of appearance. A CPU tensor is ``(-1, dtype, *sizes, *strides)``; a number ``(type, value)``
     (2, 2.0 and True are equal but promote differently; by type alone for ``numbers_by_type``); a list
     the tuple of its items' keys; a keyword argument ``(name, key)``; anything else itself. None when
     the call cannot be keyed: an argument cannot be hashed, or a CPU boolean mask (the meta run reads
     it: its count of True values is the output's length). ``csrc/call_args.cpp`` computes the same key.
     """
+    storages = {} if placed == RELATIVE else None
     try:
-        key = (*(_key(a, numbers_by_type, placed) for a in args),
-               *((k, _key(v, numbers_by_type, placed)) for k, v in kwargs.items()))
+        key = (*(_key(a, numbers_by_type, placed, storages) for a in args),
+               *((k, _key(v, numbers_by_type, placed, storages)) for k, v in kwargs.items()))
         hash(key)
     except TypeError:
         return None
     return key
 
 
-def _key(value: Any, by_type: bool, placed: bool) -> Any:
+def _key(value: Any, by_type: bool, placed: int, storages: dict | None) -> Any:
     if isinstance(value, torch.Tensor):
         index = value.get_device()
         if index >= 0:
-            where = (value.storage_offset(), value.untyped_storage().nbytes()) if placed else (0, 0)
+            if not placed:
+                where = (0, 0)
+            elif storages is None:
+                where = (value.storage_offset(), value.untyped_storage().nbytes())
+            else:
+                storage = value.untyped_storage()
+                number, first = storages.setdefault(storage.data_ptr(), (len(storages), value.storage_offset()))
+                where = ((number, value.storage_offset() - first), storage.nbytes())
             return (index, value.dtype, value.is_conj() | value.is_neg() << 1, *where, *value.shape, *value.stride())
         if value.dim() and value.dtype in (torch.bool, torch.uint8):
             raise TypeError("a CPU mask: its values shape the outputs")
         return (-1, value.dtype, *value.shape, *value.stride())
     if isinstance(value, (list, tuple)):
-        return tuple(_key(v, by_type, placed) for v in value)
+        return tuple(_key(v, by_type, placed, storages) for v in value)
     if isinstance(value, NUMBERS):
         return type(value) if by_type else (type(value), value)
     return None if isinstance(value, torch.Generator) else value

@@ -13,6 +13,12 @@ from typing import Any
 
 import torch
 
+# How much of where a tensor sits in its storage is part of a call shape (``OpTraits.placed``, arguments.call_key):
+UNPLACED = 0  # none: fresh outputs do not depend on it, so the slices of one tensor share one call shape
+ABSOLUTE = 1  # the storage offset and size: a view's offset is its input's plus the view's own
+RELATIVE = 2  # the storage size, and the offset only against the other arguments in the same storage: what
+#               an in-place or out= kernel's overlap checks see (``x[i] += y[i]`` for every i is one call shape)
+
 # LITERALINCLUDE START: NEVER FALLBACK
 # Operators whose CPU kernel would be wrong for device memory: they raise instead.
 NEVER_FALLBACK = {
@@ -86,10 +92,11 @@ class OpTraits:
     functional: bool  # returns only fresh tensors and writes nothing
     returns_tensors: bool  # returns only tensors (else the host needs the values now)
     numbers_by_type: bool  # its numbers never shape its outputs (optimizers'): keyed by type alone
-    # Whether its outputs' metadata may depend on where its tensors sit in their storage: a view's offset does,
-    # and so do written arguments (overlap checks); fresh outputs do not, so the slices of a tensor (``x[i]``
-    # for each row) share one call shape (one meta run, one checking run, one plan), not one each.
-    placed: bool
+    # How much of where its tensors sit in their storage its outputs and checks depend on (arguments.py's
+    # UNPLACED / ABSOLUTE / RELATIVE): a view's offset is absolute; written arguments need only the overlaps
+    # with the other arguments (relative); fresh outputs need none, so the slices of a tensor (``x[i]`` for
+    # each row) share one call shape (one meta run, one checking run, one plan), not one each.
+    placed: int
     loss: bool  # has a ``reduction`` argument
     cpu_decides: bool  # CPU_DECIDES_OUTPUTS
     cpu_statistics: bool  # CPU_STATISTICS
@@ -151,7 +158,7 @@ def _read(op: torch._ops.OpOverload) -> OpTraits:
         # An optimizer's numbers (a learning rate, Adam's bias corrections) change every step but never the
         # output metadata: keying calls by their values would treat every step as a new call shape.
         numbers_by_type=schema.name.startswith(("aten::_foreach_", "aten::_fused_")),
-        placed=mutates or not returns or any(r.kind is not Kind.FRESH for r in returns),
+        placed=_placement(returns, mutates),
         loss="reduction" in (a.name for a in arguments),
         cpu_decides=schema.name in CPU_DECIDES_OUTPUTS or (schema.name in CPU_DECIDES_OUT and bool(out_args)),
         cpu_statistics=schema.name in CPU_STATISTICS,
@@ -161,6 +168,12 @@ def _read(op: torch._ops.OpOverload) -> OpTraits:
         host_waits=bool({torch.Tag.dynamic_output_shape, torch.Tag.data_dependent_output} & set(op.tags))
         or schema.name in HOST_CHECKS,
     )
+
+
+def _placement(returns: tuple, mutates: bool) -> int:
+    if any(r.kind is Kind.VIEW for r in returns) or not (returns or mutates):
+        return ABSOLUTE
+    return RELATIVE if mutates or any(r.kind is not Kind.FRESH for r in returns) else UNPLACED
 
 
 _traits: dict[torch._ops.OpOverload, OpTraits] = {}

@@ -5,6 +5,7 @@
 // under it and how the call runs is decided in Python. This file only reads tensors and builds
 // tuples, which costs ~1 us here and ~5 us per call in Python.
 #include <ATen/ops/empty_strided.h>
+#include <vector>
 #include <torch/csrc/DynamicTypes.h>
 #include <torch/csrc/Generator.h>
 #include <torch/csrc/autograd/python_variable.h>
@@ -28,11 +29,26 @@ py::tuple extent(const at::Tensor& t) {
 // LITERALINCLUDE START: DESCRIBE TENSOR
 py::handle dtype(const at::Tensor& t) { return reinterpret_cast<PyObject*>(torch::getTHPDtype(t.scalar_type())); }
 
-// An openreg tensor's call shape (arguments.call_key): (device index, dtype, conj | neg << 1, storage
-// offset, storage bytes, *sizes, *strides), one flat tuple. Without ``placed`` the storage offset and
-// size are 0: fresh outputs do not depend on where an input sits in its storage, so the slices of one
-// tensor share one call shape (traits.OpTraits.placed).
-py::tuple tensor_key(const at::Tensor& t, bool placed) {
+// An openreg tensor's call shape (arguments.call_key): (device index, dtype, conj | neg << 1, place,
+// storage bytes, *sizes, *strides), one flat tuple. ``placed`` (traits.py's UNPLACED / ABSOLUTE / RELATIVE)
+// says how much of where the tensor sits in its storage counts: nothing (place and bytes 0: fresh outputs
+// do not depend on it, so the slices of one tensor share one call shape), the storage offset, or the
+// offset against the call's first tensor in the same storage, as (storage number, difference).
+enum Placed : int { UNPLACED = 0, ABSOLUTE = 1, RELATIVE = 2 };
+
+struct Storages { // RELATIVE: the call's storages in order of appearance, with their first offsets
+  std::vector<std::pair<const void*, int64_t>> seen;
+  py::tuple place(const at::Tensor& t) {
+    const void* ptr = t.storage().data();
+    for (size_t i = 0; i < seen.size(); ++i) {
+      if (seen[i].first == ptr) return py::make_tuple(i, t.storage_offset() - seen[i].second);
+    }
+    seen.emplace_back(ptr, t.storage_offset());
+    return py::make_tuple(seen.size() - 1, 0);
+  }
+};
+
+py::tuple tensor_key(const at::Tensor& t, int placed, Storages& storages) {
   auto sizes = t.sizes();
   auto strides = t.strides();
   auto n = static_cast<size_t>(sizes.size());
@@ -40,7 +56,7 @@ py::tuple tensor_key(const at::Tensor& t, bool placed) {
   key[0] = py::int_(t.device().index());
   key[1] = dtype(t);
   key[2] = py::int_((t.is_conj() ? 1 : 0) | (t.is_neg() ? 2 : 0));
-  key[3] = py::int_(placed ? t.storage_offset() : 0);
+  key[3] = placed == RELATIVE ? py::object(storages.place(t)) : py::int_(placed ? t.storage_offset() : 0);
   key[4] = py::int_(placed ? t.storage().nbytes() : 0);
   for (size_t i = 0; i < n; ++i) {
     key[5 + i] = py::int_(sizes[i]);
@@ -52,8 +68,9 @@ py::tuple tensor_key(const at::Tensor& t, bool placed) {
 
 struct Description {
   bool numbers_by_type;
-  bool placed;
+  int placed;
   py::list extents;
+  Storages storages;
 };
 
 bool is_number(PyObject* obj) {
@@ -79,7 +96,7 @@ bool describe(const py::handle& value, Description& d, py::object& key, py::obje
   if (THPVariable_Check(obj)) {
     const at::Tensor& t = THPVariable_Unpack(obj);
     if (t.device().is_privateuseone()) {
-      key = tensor_key(t, d.placed);
+      key = tensor_key(t, d.placed, d.storages);
       host = wrap(host_view(t));
       d.extents.append(extent(t));
       return true;
@@ -125,8 +142,8 @@ bool describe(const py::handle& value, Description& d, py::object& key, py::obje
 
 // LITERALINCLUDE START: DESCRIBE CALL
 // [call shape, host args, host kwargs, extents] of a call, or None when the general path must take it.
-py::object describe_call(const py::tuple& args, const py::dict& kwargs, bool numbers_by_type, bool placed) {
-  Description d{numbers_by_type, placed, py::list()};
+py::object describe_call(const py::tuple& args, const py::dict& kwargs, bool numbers_by_type, int placed) {
+  Description d{numbers_by_type, placed, py::list(), {}};
   auto n = static_cast<size_t>(args.size());
   py::tuple key(n + kwargs.size());
   py::tuple host_args(n);

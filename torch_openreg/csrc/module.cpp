@@ -24,7 +24,7 @@ namespace openreg {
 void register_hooks();
 void register_serialization();
 void copy_backend_meta(const at::Tensor& src, const at::Tensor& dst);
-py::object describe_call(const py::tuple& args, const py::dict& kwargs, bool numbers_by_type, bool placed);
+py::object describe_call(const py::tuple& args, const py::dict& kwargs, bool numbers_by_type, int placed);
 py::tuple empty_like_meta(const at::Tensor& meta, c10::DeviceIndex index);
 std::vector<std::vector<uintptr_t>> set_cpu_output_targets(const std::vector<at::Tensor>& tensors,
                                                            const std::vector<int64_t>& skips);
