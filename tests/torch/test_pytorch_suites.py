@@ -457,3 +457,25 @@ def test_index_fill_takes_a_cpu_index_as_cuda_does(index, no_leak):
         y = x.to("openreg")
         y.index_fill_(0, cpu_index, -1.0)
         torch.testing.assert_close(y.cpu(), x.index_fill(0, cpu_index, -1.0))
+
+
+# test_torch, test_nn and test_binary_ufuncs (v2.6.0) import four helpers that 2.13's torch.testing._internal
+# renamed or dropped. The runner's test subprocess defines them under their old names; import torch_openreg
+# never does.
+def test_the_old_helper_names_exist_only_where_the_runner_loads_them(run_python):
+    code = """
+import torch, torch_openreg
+from torch.testing._internal import common_cuda, common_methods_invocations as cmi, common_mkldnn, common_nn
+names = [(common_cuda, "tf32_is_not_fp32"), (common_mkldnn, "bf32_on_and_off"), (common_nn, "new_module_tests"),
+         (cmi, "binary_ufuncs_and_refs")]
+assert not any(hasattr(m, n) for m, n in names)
+from torch_openreg.testing import pytorch_compat
+assert all(hasattr(m, n) for m, n in names)
+assert common_cuda.tf32_is_not_fp32() is False  # a CPU build has no TF32
+assert all(isinstance(t, dict) and ("module_name" in t or "constructor" in t) for t in common_nn.new_module_tests)
+assert {op.name for op in cmi.binary_ufuncs_and_refs} >= {"add", "mul", "_refs.add"}
+print(sorted(pytorch_compat.install()))  # a second install defines nothing
+"""
+    done = run_python(code, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"

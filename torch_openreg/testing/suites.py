@@ -36,6 +36,9 @@ FILES = (
     "test_autograd", "test_sort_and_select", "test_segment_reductions", "test_dlpack", "test_complex",
     "nn/test_embedding", "nn/test_pooling", "nn/test_dropout", "nn/test_multihead_attention",
 )
+# Files that import helpers 2.13 renamed (pytorch_compat.py provides them): run with ``--files``; test_binary_ufuncs
+# alone is 13,000 tests, hours on a 2-core machine.
+LARGE_FILES = ("test_torch", "test_nn", "test_binary_ufuncs")
 # LITERALINCLUDE END: SUITE FILES
 SUITE_DEVICE_MEMORY = "8GiB"
 _DEVICE_IN_NAME = re.compile(r"_(cpu|openreg)(?=_|$)")
@@ -82,8 +85,10 @@ def run_file(path: str, device: str, select: str | None = None, timeout: float =
         report = os.path.join(tmp, "report.xml")
         # --noconftest: PyTorch's test/conftest.py uses hook arguments pytest 9 removed (it would not load);
         # what it adds (sharding, slow-test lists, XML naming) is PyTorch CI's, not the tests'.
-        cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--noconftest", path,
-               f"--junitxml={report}"]
+        # -p pytorch_compat: the few helpers v2.6's files import under names 2.13 dropped (test_torch, test_nn,
+        # test_binary_ufuncs), defined in this subprocess only (pytorch_compat.py).
+        cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--noconftest",
+               "-p", "torch_openreg.testing.pytorch_compat", path, f"--junitxml={report}"]
         if select:
             cmd += ["-k", select]
         started = time.perf_counter()
