@@ -5,7 +5,7 @@ imports torch: PyTorch is one client of this runtime, through ``torch_openreg``.
 """
 
 from . import activity, fault, sanitizer, timing  # noqa: F401  (openreg.activity: what ran when, for utilization)
-from .copy import MemcpyKind, memcpy, memcpy_async, memcpy_dtoh, memcpy_dtoh_into, memcpy_htod, reads_now
+from .copy import MemcpyKind, memcpy, memcpy_async, memcpy_dtoh, memcpy_dtoh_into, memcpy_htod, wait_to_load
 from .device import (
     DeviceProperties,
     device_capacity,
@@ -76,6 +76,6 @@ __all__ = [
     "current_stream", "default_stream", "device_capacity", "device_count", "exchange_device", "free",
     "get_device", "get_device_properties", "get_stream", "host_free", "host_malloc", "launch", "malloc",
     "mem_get_info", "memcpy", "memcpy_async", "memcpy_dtoh", "memcpy_dtoh_into", "memcpy_htod", "memory_used",
-    "pointer_attributes", "reads_now", "view_address",
+    "pointer_attributes", "view_address", "wait_to_load",
     "remove_launch_observer", "set_device", "set_launch_hook", "set_stream", "synchronize",
 ]

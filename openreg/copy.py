@@ -168,16 +168,19 @@ def memcpy_dtoh_into(dst: int, src: int, nbytes: int, stream: Stream | None = No
 
 
 # LITERALINCLUDE START: READ NOW
-def reads_now(stream: Stream) -> bool:
-    """Whether a synchronous read of a few bytes ordered by ``stream`` is, at this moment, nothing but a load
-    through the device's view, which the caller may do itself: nothing is queued or running on the stream,
-    no kernel error waits to be reported there, it is not being captured, and no debugging feature (the
-    stream sanitizer, memcheck, a profiler's observer or launch hook) wants to see the transfer. A ``.item()``
-    of a ready tensor, which PyTorch's test files call millions of times, then costs a load, as the
-    CPU's does. False: take :func:`memcpy_dtoh_into`, which waits, reports and records."""
+def wait_to_load(stream: Stream) -> bool:
+    """Whether a synchronous read of a few bytes ordered by ``stream`` may be a plain load through the device's
+    view, done by the caller: True once the stream's earlier work is done (waited for here, its kernel error
+    raised, as :func:`memcpy_dtoh` does), unless the stream is being captured or a debugging feature (the
+    stream sanitizer, memcheck, a profiler's observer or launch hook) wants to see the transfer: then False,
+    and the caller takes :func:`memcpy_dtoh_into`, which checks, records and refuses as those need. A
+    ``.item()``, which PyTorch's test files call millions of times, then costs a wait and a load."""
     q = stream._q
-    return (q.done >= q.launched and not q.busy and q.error is None and q.capture is None
-            and not (sanitizer.enabled or memcheck.enabled or _stream._observers or _stream._launch_hook))
+    if q.capture is not None or sanitizer.enabled or memcheck.enabled or _stream._observers or _stream._launch_hook:
+        return False
+    if q.error is not None or q.done < q.launched or q.busy:
+        stream.synchronize()
+    return True
 # LITERALINCLUDE END: READ NOW
 
 

@@ -240,8 +240,8 @@ def local_scalar_dense(t: torch.Tensor) -> int | float | bool | complex:
         sync_debug.check("aten::_local_scalar_dense (.item())")
     if openreg.timing.pricing:
         timing_costs.price_item(t)
-    elif (_LOAD and t.numel() == 1 and openreg.reads_now(openreg.current_stream(t.get_device()))
-          and not (t.is_conj() or t.is_neg() or t.is_quantized)):
+    elif (_LOAD and t.numel() == 1 and not (t.is_conj() or t.is_neg() or t.is_quantized)
+          and openreg.wait_to_load(openreg.current_stream(t.get_device()))):
         return _C._host_view(t).item()  # the stream is done: the copy engine's read is this load
     host = _read_scalar(t)
     if host is not None:
