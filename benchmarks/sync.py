@@ -23,8 +23,9 @@ from .common import interleaved, median_time, table
 ROOT = Path(__file__).resolve().parents[1]
 
 # LITERALINCLUDE START: BENCH SYNC TARGETS
-# Issue 19's targets, in microseconds of openreg time per call (16 floats).
-TARGETS = {"(a + b).cpu()": 25.0, "a.add(b).sum().item()": 20.0, "a.cpu() of a ready tensor": 10.0,
+# Issue 30's targets (the first three; issue 19's for the queued launches), in microseconds of openreg time
+# per call (16 floats).
+TARGETS = {"(a + b).cpu()": 30.0, "a.add(b).sum().item()": 35.0, "a.cpu() of a ready tensor": 8.0,
            "a + b, 200 launches queued": 8.0}
 
 
@@ -114,6 +115,81 @@ def breakdown(repeat: int) -> list[list[str]]:
             ["  of which the CPU kernel (add.out on 16 floats)", us(cpu_kernel)],
             ["copy back: a.cpu() of a ready tensor", us(_best(lambda: a.cpu(), repeat, 50))]]
 # LITERALINCLUDE END: BENCH BREAKDOWN
+
+
+# LITERALINCLUDE START: BENCH FLOORS
+def floors(repeat: int) -> list[list[str]]:
+    """The synchronous rows taken apart, each part timed alone in a steady state (call plans cached, µs
+    medians of single calls): what each row's floor is made of, and their sum against the row itself."""
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(16, generator=g).to("openreg"), torch.randn(16, generator=g).to("openreg")
+    ac, bc, out, total = a.cpu(), b.cpu(), torch.empty(16), torch.empty(())
+    stream = openreg.current_stream(0)
+    clock = time.perf_counter_ns
+    parts: dict[str, list[int]] = {name: [] for name in (
+        "launch a + b", "launch .sum()", "sync running 1 kernel", "sync running 2 kernels", "read", "item",
+        "free", "(a + b).cpu()", "a.add(b).sum().item()")}
+    for _ in range(5):  # warm: every call shape has its plan
+        (a + b).cpu(), a.add(b).sum().item()
+    for _ in range(repeat * 40):
+        marks = [clock()]
+        x = a.add(b)
+        marks.append(clock())
+        y = x.sum()
+        marks.append(clock())
+        stream.synchronize()
+        marks.append(clock())
+        y.item()
+        marks.append(clock())
+        x.cpu()
+        marks.append(clock())
+        del x
+        marks.append(clock())
+        z = a + b
+        marks.append(clock())
+        stream.synchronize()
+        marks.append(clock())
+        del y, z
+        marks.append(clock())
+        (a + b).cpu()
+        marks.append(clock())
+        a.add(b).sum().item()
+        marks.append(clock())
+        for i, name in enumerate(("launch a + b", "launch .sum()", "sync running 2 kernels", "item", "read", "free",
+                                  None, "sync running 1 kernel", None, "(a + b).cpu()", "a.add(b).sum().item()")):
+            if name is not None:
+                parts[name].append(marks[i + 1] - marks[i])
+    us = {name: statistics.median(ns) / 1e3 for name, ns in parts.items()}
+    scope = _best(lambda: _kernel_scope(), repeat, 200) * 1e6
+    empty = (_best(lambda: (stream.launch(int), stream.synchronize()), repeat, 50)
+             - _best(lambda: stream.launch(int), repeat, 50)) * 1e6
+    add_out = _best(lambda: torch.ops.aten.add.out(ac, bc, out=out), repeat, 200) * 1e6
+    sum_out = _best(lambda: torch.ops.aten.sum.IntList_out(ac, None, out=total), repeat, 200) * 1e6
+    alloc = _best(lambda: torch.empty_like(a), repeat, 200) * 1e6
+    rows = [["launch of `a + b` (dispatch, call plan, output allocation, Stream.launch)", f"{us['launch a + b']:.1f}",
+             f"{us['launch a + b']:.1f}"],
+            ["launch of `.sum()`", "", f"{us['launch .sum()']:.1f}"],
+            ["  of each: the output's allocation and free (torch.empty_like)", f"{alloc:.1f}", f"{2 * alloc:.1f}"],
+            ["synchronize running the queued kernels", f"{us['sync running 1 kernel']:.1f}",
+             f"{us['sync running 2 kernels']:.1f}"],
+            ["  of which the kernel scope (entered once per synchronize)", f"{scope:.1f}", f"{scope:.1f}"],
+            ["  of which the stream's bookkeeping per kernel (empty kernel)", f"{empty:.1f}", f"{2 * empty:.1f}"],
+            ["  of which the CPU operators (add.out; sum.IntList_out)", f"{add_out:.1f}", f"{add_out + sum_out:.1f}"],
+            ["read: `.cpu()` / `.item()` of the ready result", f"{us['read']:.1f}", f"{us['item']:.1f}"],
+            ["free of the temporaries", f"{us['free']:.1f}", f"{2 * us['free']:.1f}"]]
+    one = us["launch a + b"] + us["sync running 1 kernel"] + us["read"] + us["free"]
+    two = us["launch a + b"] + us["launch .sum()"] + us["sync running 2 kernels"] + us["item"] + 2 * us["free"]
+    rows.append(["sum of the parts", f"{one:.1f}", f"{two:.1f}"])
+    rows.append(["the row, timed whole", f"{us['(a + b).cpu()']:.1f}", f"{us['a.add(b).sum().item()']:.1f}"])
+    return rows
+
+
+def _kernel_scope() -> None:
+    """What a host thread that runs queued kernels enters once per synchronize (openreg.stream's kernel context)."""
+    scope = openreg.stream._kernel_context()
+    scope.__enter__()
+    scope.__exit__(None, None, None)
+# LITERALINCLUDE END: BENCH FLOORS
 
 
 # LITERALINCLUDE START: BENCH CONCURRENCY
@@ -224,6 +300,8 @@ def run(quick: bool, write: bool = False) -> str:
                      measure_paths(repeat)))
     out.append("\nWhere one `a + b` (16 floats) and its synchronize spend their time (µs, medians):\n")
     out.append(table(["part", "us"], breakdown(repeat)))
+    out.append("\nThe floors of the first two rows, part by part (µs, medians of single calls in a steady state):\n")
+    out.append(table(["part", "(a + b).cpu()", "a.add(b).sum().item()"], floors(repeat)))
     out.append("\nStreams side by side (ms):\n")
     out.append(table(["workload", "one after the other", "side by side", "ratio", "target", "met"],
                      concurrency(quick, repeat)))

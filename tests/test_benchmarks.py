@@ -36,7 +36,7 @@ def test_suite_quick_mode_runs_every_section():
                 "| openreg, torch.profiler (CPU + PrivateUse1) |", "| openreg, legacy profiler (use_device) |",
                 "| 100 elementwise ops, 16 floats |", "| MLP training step, batch 1 |", "| (a + b).cpu() |",
                 "| a.add(b).sum().item() |", "| a.cpu() of a ready tensor |", "| a + b, 200 launches queued |",
-                "| queue (Stream.launch) and return |", "two 256x256 matmuls, two streams",
+                "| queue (Stream.launch) and return |", "| sum of the parts |", "two 256x256 matmuls, two streams",
                 "| a pinned H2D copy on one stream, a matmul on another, one host thread |", "| matmul | 4096 |",
                 "| runtime launch (no-op kernel, one buffer) |", "| a + b, 16 floats (launch and run) |",
                 "| ResNet-18 (batch 2, 3x32x32, SGD momentum) |",

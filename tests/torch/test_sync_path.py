@@ -43,6 +43,18 @@ def test_contiguous_reads_launch_no_kernel(dtype, launches, no_leak):
     assert item == x[2, 3].item()
 
 
+@pytest.mark.parametrize("shape", [(), (1,), (1, 1, 1)])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64, torch.int8, torch.complex128])
+def test_item_reads_its_one_value_whatever_the_shape(shape, dtype, launches, no_leak):
+    """``.item()`` reads its value's bytes straight into a 0-dim host tensor, whatever the tensor's shape."""
+    x = (torch.randn(4) * 50).to(dtype)
+    d = x.to("openreg")
+    torch.openreg.synchronize()
+    launches.clear()
+    assert d[3].reshape(shape).item() == x[3].item()
+    assert launches == []
+
+
 def test_a_read_after_queued_work_sees_it(launches, no_leak):
     a = torch.arange(16.0, device="openreg")
     b = (a * 2 + 1).sum()  # queued kernels: the read runs them first

@@ -8,6 +8,8 @@ from pageable host memory waits for itself (as ``cudaMemcpy`` does), while a
 
 from __future__ import annotations
 
+import threading
+
 import torch
 
 import openreg
@@ -84,7 +86,8 @@ def copy_from(src: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False) 
     """
     if openreg.timing.pricing:  # the timing model prices the copy's launch (torch_openreg/timing)
         timing_costs.price_copy(src, dst, non_blocking)
-    if src.get_device() >= 0 and dst.get_device() >= 0:
+    to_device = dst.get_device() >= 0
+    if to_device and src.get_device() >= 0:
         _check_shapes(src, dst)
         if src.device == dst.device:
             launch(dst.device.index, _copy_into, host_view(dst), host_view(src), tensors=(dst, src), writes=(dst,),
@@ -104,7 +107,6 @@ def copy_from(src: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False) 
         done.record(dst_stream)
         src_stream.wait_event(done)
         return dst
-    to_device = dst.get_device() >= 0
     host = src if to_device else dst
     if non_blocking and host.is_pinned():
         _check_shapes(src, dst)
@@ -168,21 +170,26 @@ def _read(src: torch.Tensor, name: str = "copy") -> torch.Tensor | None:
     return torch._neg_view(host) if src.is_neg() else host
 
 
-def _same_bytes(src: torch.Tensor, dst: torch.Tensor) -> bool:
-    """True when ``dst`` takes ``src``'s bytes as they are: one contiguous block each, of the same dtype and
-    shape, without lazy conjugate or negative bits (``.cpu()`` of a contiguous tensor, ``.item()``)."""
-    return (src.dtype == dst.dtype and src.shape == dst.shape and src.is_contiguous() and dst.is_contiguous()
-            and not (src.is_conj() or src.is_neg() or dst.is_conj() or dst.is_neg()) and not dst.is_quantized)
+def _same_bytes(src: torch.Tensor, dst: torch.Tensor) -> int:
+    """The byte count when ``dst`` takes ``src``'s bytes as they are and the copy engine applies: one
+    contiguous block each, of the same dtype and shape, without lazy conjugate or negative bits, neither
+    quantized, at most ``ENGINE_MAX`` bytes (``.cpu()`` of a contiguous tensor, ``.item()``); else 0.
+    Every synchronous read asks this first: the checks are ordered to fail early and cost few calls."""
+    if (openreg.timing.active or src.dtype != dst.dtype or not src.is_contiguous() or not dst.is_contiguous()
+            or src.layout != torch.strided or src.is_quantized or dst.is_quantized or src.shape != dst.shape
+            or src.is_conj() or src.is_neg() or dst.is_conj() or dst.is_neg()):
+        return 0
+    nbytes = src.numel() * src.element_size()
+    return nbytes if nbytes <= ENGINE_MAX else 0
 
 
 def _engine_dtoh(src: torch.Tensor, dst: torch.Tensor, name: str = "copy") -> bool:
     """A small device-to-host copy through the copy engine: no kernel, no page opened to the host. Where
     ``dst`` takes the bytes as they are, the engine reads straight into it."""
-    if _same_bytes(src, dst):
-        nbytes = _extent(src)
-        if nbytes and nbytes == dst.numel() * dst.element_size():
-            stream = openreg.current_stream(src.device.index)
-            return openreg.memcpy_dtoh_into(dst.data_ptr(), src.data_ptr(), nbytes, stream, name, about=src)
+    nbytes = _same_bytes(src, dst)
+    if nbytes:
+        stream = openreg.current_stream(src.get_device())
+        return openreg.memcpy_dtoh_into(dst.data_ptr(), src.data_ptr(), nbytes, stream, name, about=src)
     host = _read(src, name)
     if host is None:
         return False
@@ -219,14 +226,36 @@ def record_stream(t: torch.Tensor, stream: torch.Stream) -> None:
         owner(ptr).record_stream(ptr, openreg.get_stream(stream.device_index, stream.stream_id))
 
 
-def _read_scalar(t: torch.Tensor) -> torch.Tensor | None:
-    """``t``'s one value in a host tensor, read by the copy engine straight into it; None when the engine does
+class _Scalars(threading.local):
+    """This thread's 0-dim host tensors that ``.item()`` reads into, one per dtype: a ``torch.empty`` costs
+    more than the rest of the read (~2.8 µs here), and ``.item()`` takes the value out at once. A buffer is
+    taken out while it is read into (a read nested in this one, by a kernel the synchronize runs, makes
+    its own) and put back after."""
+
+    def __init__(self) -> None:
+        self.free: dict[torch.dtype, torch.Tensor] = {}
+
+
+_scalars = _Scalars()
+
+
+def _read_scalar(t: torch.Tensor) -> int | float | bool | complex | None:
+    """``t``'s one value, read by the copy engine straight into a host scalar; None when the engine does
     not apply. (Lazy conjugate or negative bits, a quantized tensor, and a tensor of more than one element,
     whose ``.item()`` raises, take :func:`_read`.)"""
-    if t.numel() != 1 or t.is_conj() or t.is_neg() or t.is_quantized:
-        return _read(t, "item")
-    host = torch.empty(t.shape, dtype=t.dtype)
-    return host if _engine_dtoh(t, host, "item") else None
+    if (openreg.timing.active or t.numel() != 1 or t.layout != torch.strided or t.is_conj() or t.is_neg()
+            or t.is_quantized):
+        host = _read(t, "item")  # (None under the timing model, which prices the read as a launch)
+        return None if host is None else host.item()
+    free = _scalars.free
+    host = free.pop(t.dtype, None)
+    if host is None:
+        host = torch.empty((), dtype=t.dtype)  # (.item() reads one value whatever the shape)
+    stream = openreg.current_stream(t.get_device())
+    openreg.memcpy_dtoh_into(host.data_ptr(), t.data_ptr(), t.element_size(), stream, "item", about=t)
+    value = host.item()
+    free[host.dtype] = host
+    return value
 
 
 _LOAD = openreg.settings.FALLBACK_FAST  # the ready tensor's load below is an acceleration: off, the engine reads
@@ -243,8 +272,8 @@ def local_scalar_dense(t: torch.Tensor) -> int | float | bool | complex:
     elif (_LOAD and t.numel() == 1 and not (t.is_conj() or t.is_neg() or t.is_quantized)
           and openreg.wait_to_load(openreg.current_stream(t.get_device()))):
         return _C._host_view(t).item()  # the stream is done: the copy engine's read is this load
-    host = _read_scalar(t)
-    if host is not None:
-        return host.item()
+    value = _read_scalar(t)
+    if value is not None:
+        return value
     return run_sync(t.device.index, lambda v: v.item(), host_view(t), tensors=(t,), writes=(), name="item")
 # LITERALINCLUDE END: LOCAL SCALAR DENSE

@@ -76,11 +76,11 @@ class OutKernel:
 
     def __call__(self) -> None:
         out_op, cpu_args, cpu_kwargs = self.out_op, self.cpu_args, self.cpu_kwargs
-        if not (self.scratch or out_op in _SCRATCH):
-            views = [v for v in (cpu_kwargs[n] for n in self.names) if isinstance(v, torch.Tensor)]
+        if not self.scratch and id(out_op) not in _SCRATCH:  # (by id: an OpOverload hashes in Python)
+            views = [v for v in [cpu_kwargs[n] for n in self.names] if isinstance(v, torch.Tensor)]
             shapes = [(v.shape, v.stride()) for v in views]
             try:
-                out_op(*cpu_args, **cpu_kwargs)
+                out_op._op(*cpu_args, **cpu_kwargs)  # (OpOverload.__call__'s own call, without its frame)
                 for view, (shape, stride) in zip(views, shapes):
                     if view.shape != shape:  # shrunk in place: the CPU's output shape is not the meta kernel's
                         raise CpuDisagrees(f"{self.name}: the CPU kernel resized an output from "
@@ -91,7 +91,7 @@ class OutKernel:
             except RuntimeError as exc:
                 if "not resizable" not in str(exc):
                     raise
-                _SCRATCH.add(out_op)
+                _SCRATCH.add(id(out_op))
         # Some CPU out= kernels use ``out`` as scratch space and resize it (losses with a reduction
         # do). A host view of device memory cannot grow: compute into host tensors, then copy them in.
         copy_into(self.name, list(zip((cpu_kwargs[n] for n in self.names), self.on_host())))
@@ -134,5 +134,5 @@ def _restride_back(view: torch.Tensor, stride: tuple) -> None:
     view.copy_(values)
 
 
-_SCRATCH: set = set()  # out= overloads whose CPU kernel turned out to resize ``out`` (learned at a first run)
+_SCRATCH: set = set()  # ids of the out= overloads whose CPU kernel turned out to resize ``out`` (learned)
 # LITERALINCLUDE END: OUT KERNEL
