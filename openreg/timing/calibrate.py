@@ -32,6 +32,7 @@ QUANTITIES = ("kernels_us", "wall_us", "peak_bytes")
 PARAMETERS = {
     "kernel_floor_us": ("tiny-adds-x100", "kernels_us"),
     "host_us.op": ("tiny-adds-x100", "wall_us"),
+    "matrix_overhead_us": ("mm-bf16-1024", "kernels_us"),
     "efficiency.l2": ("add-f32-1M", "kernels_us"),
     "efficiency.normalization": ("softmax-f32-4096x8192", "kernels_us"),
     "efficiency.conv": ("conv3x3-f32-b16-c128-28", "kernels_us"),

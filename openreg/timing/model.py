@@ -22,8 +22,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-KINDS = ("matrix", "conv", "attention", "elementwise", "reduction", "normalization", "sort", "copy", "collective")
+KINDS = ("matrix", "conv", "attention", "attention_backward", "elementwise", "reduction", "normalization", "sort",
+         "copy", "collective")
+SPLIT_K_MIN = 256  # the least K a split of a split-K product keeps (an assumption, not fitted)
 MATRIX_TILE = 128  # output tile edge of a matrix-product kernel (cuBLAS's common 128x128 tiles)
+MATRIX_KINDS = ("matrix", "conv", "attention", "attention_backward")  # priced against the matrix units
 HOST = ("op", "library", "autograd", "none")  # what issuing a launch costs the host: see HOST_US
 
 # LITERALINCLUDE START: TIMING DEFAULTS
@@ -33,21 +36,24 @@ HOST = ("op", "library", "autograd", "none")  # what issuing a launch costs the 
 # override any of them (its "efficiency", "host_us" and "scratch" tables, "launch_latency_us", "kernel_floor_us",
 # and its interconnect's "latency_us"); python -m torch_openreg.timing.calibrate fits them for a device.
 EFFICIENCY = {
-    "matrix": 0.8346,  # achieved / peak matrix-unit FLOPS (H100 BF16 best-shape matmul, 794.5 TFLOPS)
-    "conv": 0.3061,  # convolutions as implicit matrix products (H100 workload conv3x3-f32-b16-c128-28)
-    "attention": 0.4947,  # fused attention (H100 workload sdpa-bf16-b8-h16-s512-d128)
+    "matrix": 0.8465,  # achieved / peak matrix-unit FLOPS (H100 BF16 best-shape matmul, 794.5 TFLOPS)
+    "conv": 0.3255,  # convolutions as implicit matrix products (H100 workload conv3x3-f32-b16-c128-28)
+    "attention": 0.9047,  # fused attention's products (H100 workload sdpa-bf16-b8-h16-s512-d128)
+    "attention_backward": 0.3483,  # its backward's five products (FlashAttention-3 paper: cuDNN, d128, 305 TFLOPS)
+    "softmax": 0.5409,  # attention's per-score softmax / special-function rate (FA3 paper: cuDNN, d64, 335 TFLOPS)
     "elementwise": 0.8902,  # achieved / peak memory bandwidth (H100 STREAM triad, 2.97 TB/s)
     "reduction": 0.9555,  # (H100 STREAM dot, 3.18 TB/s)
     "normalization": 0.547,  # softmax, norms: more passes than bytes counted (H100 workload softmax-f32-4096x8192)
     "sort": 0.9555,  # radix sorts and selections, per pass (no figure: the reduction value)
-    "multi_tensor": 0.6962,  # _foreach_ and fused optimizer kernels (H100 workload mlp-step-bf16-b512-w1024)
+    "multi_tensor": 0.7074,  # _foreach_ and fused optimizer kernels (H100 workload mlp-step-bf16-b512-w1024)
     "copy": 0.8708,  # device-to-device copies (H100 STREAM copy, 2.90 TB/s)
     "l2": 3.013,  # L2-resident bandwidth / memory bandwidth (H100 workload add-f32-1M)
     "host_link": 0.797,  # achieved / per-direction host link bandwidth (H100 host-to-device, 51 GB/s)
     "interconnect": 1.065,  # collective bus bandwidth / per-direction link bandwidth (H100 NCCL, 478.9 GB/s)
 }
 LAUNCH_LATENCY_US = 2.433  # per kernel, back-to-back launches: floor + gap (Hopper, 2433 ns)
-KERNEL_FLOOR_US = 1.100  # shortest kernel duration (H100 workload tiny-adds-x100: 110.1 us / 100 kernels)
+MATRIX_OVERHEAD_US = 1.956  # a matrix product's pipeline fill and last epilogue (H100 workload mm-bf16-1024)
+KERNEL_FLOOR_US = 1.1  # shortest kernel duration (H100 workload tiny-adds-x100: 110.1 us / 100 kernels)
 COLLECTIVE_LATENCY_US = 2.552  # alpha: per step of a collective (H100 NCCL all-reduce of 1 MB, 43.7 GB/s)
 HOST_US = {  # the host's cost of issuing one launch (PyTorch eager: Python, dispatch, the driver's launch)
     "op": 14.67,  # an operator (H100 host: workload tiny-adds-x100, 1466.7 us / 100 operators)
@@ -57,7 +63,7 @@ HOST_US = {  # the host's cost of issuing one launch (PyTorch eager: Python, dis
 }
 SCRATCH = {  # device scratch a GPU library allocates during a launch, x a basis in bytes
     "conv_workspace": 2.092,  # cuDNN's workspace, x the output (H100 workload conv3x3-f32-b16-c128-28)
-    "attention_backward": 1.0,  # x the query as float32: FlashAttention-2's dq accumulator (its design; no figure)
+    "attention_backward": 1,  # x the query as float32: FlashAttention-2's dq accumulator (its design; no figure)
 }
 # LITERALINCLUDE END: TIMING DEFAULTS
 
@@ -177,12 +183,16 @@ def predict(cost: Cost, profile, cached: float | None = None) -> Prediction:
             share = eff["host_link"]
         wire = cost.bytes / (peak * share)
         return Prediction(floor + wire, "link" if wire > floor else "latency", 0.0, wire, 0.0, peak)
-    matrix = cost.kind in ("matrix", "conv", "attention")
+    matrix = cost.kind in MATRIX_KINDS
     peak = profile.peak_flops(cost.dtype, matrix=matrix)
     flops_rate = peak * eff[cost.kind] if matrix else peak
     compute = cost.flops / flops_rate if cost.flops else 0.0
-    if cost.kind in ("matrix", "conv") and cost.shape is not None and cost.flops:
-        compute = _waves(cost.shape, profile.compute_units) * compute
+    if cost.kind in ("matrix", "conv") and cost.flops:
+        if cost.shape is not None:
+            compute = _waves(cost.shape, profile.compute_units) * compute
+        compute += profile.matrix_overhead_us * 1e-6
+    if cost.kind in ("attention", "attention_backward") and cost.shape is not None:
+        compute += _softmax(cost.shape, profile)
     memory_eff = eff["elementwise"] if matrix else eff["multi_tensor"] if cost.tensors else eff[cost.kind]
     dram = profile.memory_bandwidth_gbs * 1e9
     if cached is None:
@@ -193,17 +203,26 @@ def predict(cost: Cost, profile, cached: float | None = None) -> Prediction:
     return Prediction(floor + work, bound, compute, memory, peak, dram)
 
 
+def _softmax(shape: tuple, profile) -> float:
+    """Seconds of a fused attention's softmax, which the matrix units cannot do: one exponential (and its
+    row bookkeeping) per score, ``batch x heads x queries x keys`` for ``shape = (batch x heads, queries,
+    keys, head_dim)``, on the special-function units (FlashAttention-3 paper: an H100 SXM5 has 989 TFLOPS
+    of BF16 products but 3.9 TFLOPS of exponentials). Its share of the time grows as the head narrows."""
+    scores = shape[0] * shape[1] * shape[2]
+    return scores / (profile.special_tops * 1e12 * profile.efficiency["softmax"])
+
+
 def _waves(shape: tuple, units: int) -> float:
     """How much longer than its FLOPs alone a matrix product takes for its tiles and waves: the output
     is cut in MATRIX_TILE squares (half as wide along a side of at most MATRIX_TILE / 2, as the
     libraries pick a narrower tile there; partial tiles cost whole ones) and each wave runs one tile per
     compute unit, so the time is ``waves x one tile's time`` instead of ``FLOPs / peak``. A product with
-    fewer tiles than units and a long K (K at least twice its longer output side) splits K over the idle
-    units (cuBLAS's split-K), up to ``K / max(M, N)`` ways."""
+    fewer tiles than units splits K over the idle units (cuBLAS's split-K and stream-K), as long as each
+    split keeps ``SPLIT_K_MIN`` of K (an assumption of the model: a few stages of its K pipeline)."""
     m, n, k, batch = shape
     tm, tn = (MATRIX_TILE // 2 if x <= MATRIX_TILE // 2 else MATRIX_TILE for x in (m, n))
     tiles = math.ceil(m / tm) * math.ceil(n / tn) * max(batch, 1)
-    splits = max(1, min(units // max(tiles, 1), k // max(m, n, 1))) if tiles < units else 1
+    splits = max(1, min(units // max(tiles, 1), k // SPLIT_K_MIN)) if tiles < units else 1
     waves = math.ceil(tiles * splits / units) / splits * (tm * tn) / (MATRIX_TILE * MATRIX_TILE)
     ideal = m * n * max(batch, 1) / (MATRIX_TILE * MATRIX_TILE * units)
     return waves / ideal if ideal else 1.0

@@ -45,7 +45,8 @@ CPU_PARAMETERS = {
     "efficiency.normalization": ("softmax-f32-4096x8192", "kernels_us"),
     "efficiency.conv": ("conv3x3-f32-b16-c128-28", "kernels_us"),
 }
-CPU_TIES = {"attention": "matrix", "reduction": "elementwise", "sort": "elementwise", "copy": "elementwise",
+CPU_TIES = {"attention": "matrix", "attention_backward": "matrix",
+            "reduction": "elementwise", "sort": "elementwise", "copy": "elementwise",
             "multi_tensor": "elementwise"}
 CPU_WORKLOADS = ("mm-f32-2048", "add-f32-1M", "add-f32-16M", "tiny-adds-x100", "softmax-f32-4096x8192",
                  "sum-f32-64M", "conv3x3-f32-b16-c128-28", "h2d-pinned-256MB")

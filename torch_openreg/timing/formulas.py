@@ -44,6 +44,26 @@ LIBRARY = {  # the attention dispatcher selects a backend and checks its inputs 
 }
 
 
+# Normalization backwards run two passes over the gradient and the input on a GPU: the statistics'
+# gradients (layer norm: gamma/beta's column sums; batch and group norm: the per-channel sums that dX
+# needs), then dX. PyTorch's CUDA kernels: LayerNormBackwardKernelImpl (grad-input and GammaBeta
+# kernels), batch_norm_backward_reduce + batch_norm_backward_elemt, GroupNormBackwardKernelImpl.
+NORM_BACKWARDS = {"native_layer_norm_backward", "native_batch_norm_backward", "native_group_norm_backward",
+                  "_fused_rms_norm_backward"}
+
+
+def norm_backward(inputs: list, outputs: list, dtype: str) -> Cost:
+    """A normalization backward as its two passes: a reduction reading the gradient and the input, then
+    the elementwise pass reading them again (and the statistics) and writing the input's gradient."""
+    grad, x = inputs[0], inputs[1]
+    both = nbytes([grad, x])
+    rest = nbytes(inputs[2:]) + nbytes(outputs)
+    elements = float(x.numel())
+    reduce = Cost("reduction", 4.0 * elements, both, dtype, formula=True)
+    apply = Cost("normalization", 8.0 * elements, both + rest, dtype, formula=True)
+    return combined((reduce, apply))
+
+
 def nbytes(tensors) -> float:
     return float(sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor)))
 
@@ -94,7 +114,10 @@ def attention(name: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tens
         flops = flop_counter.sdpa_backward_flop_count(qs[:3] + (vs[3],), qs, ks, vs)
     else:
         flops = flop_counter.sdpa_flop_count(qs, ks, vs)
-    return Cost("attention", float(flops), nbytes(tensors), dtype, formula=True, host="library")
+    # (batch x heads, queries, keys, head_dim): the scores the softmax exponentiates (backward: again)
+    shape = (qs[0] * qs[1], qs[2], ks[2], qs[3])
+    return Cost("attention_backward" if backward else "attention", float(flops), nbytes(tensors), dtype,
+                shape=shape, formula=True, host="library")
 # LITERALINCLUDE END: TIMING ATTENTION
 
 
@@ -128,7 +151,8 @@ def fused_layer(base: str, args: tuple, dtype: str) -> Cost | None:
 
     parts = [_mm(tokens, e, e, dtype, size), _mm(memory, 2 * e, e, dtype, size),
              Cost("attention", float(flop_counter.sdpa_flop_count(qs, ks, ks)),
-                  float((2 * tokens * e + 2 * memory * e) * size), dtype, formula=True, host="library"),
+                  float((2 * tokens * e + 2 * memory * e) * size), dtype, shape=(b * int(heads), length, s, head_dim),
+                  formula=True, host="library"),
              _mm(tokens, e, e, dtype, size)]
     if ffn is not None:
         f = ffn.shape[0]
