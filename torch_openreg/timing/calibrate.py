@@ -179,6 +179,21 @@ def _trace_json(data: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def workload_names(spec: str | None, measure: str | None = None) -> list[str]:
+    """The workloads a ``--workloads`` value names: a comma-separated list, ``classes`` (the kernel-class
+    set, :mod:`.class_workloads`), ``all`` (both sets); by default the standard set (the CPU's with
+    ``--measure cpu``)."""
+    from .class_workloads import CLASS_WORKLOADS
+
+    if not spec:
+        return list(CPU_WORKLOADS if measure == "cpu" else workloads.WORKLOADS)
+    if spec == "classes":
+        return list(CLASS_WORKLOADS)
+    if spec == "all":
+        return [*workloads.WORKLOADS, *CLASS_WORKLOADS]
+    return spec.split(",")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m torch_openreg.timing.calibrate",
                                      description="Fit a device profile to measured times of the standard workloads.")
@@ -188,15 +203,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", default=None, help="the profile to start from (default: h100-sxm; "
                         "the CPU template with --measure cpu)")
     parser.add_argument("--output", metavar="JSON", help="write the fitted profile there")
-    parser.add_argument("--workloads", help="comma-separated names (default: the whole set)")
+    parser.add_argument("--workloads", help="comma-separated names, 'classes' (the kernel-class set) or 'all' "
+                        "(default: the standard set)")
     parser.add_argument("--small", action="store_true", help="the workloads' small sizes (quick; for tests)")
     parser.add_argument("--traces", metavar="JSON", help="read the openreg traces from there instead of tracing")
     parser.add_argument("--trace", metavar="JSON", help="only trace the set on openreg and write the traces there")
     parser.add_argument("--no-fit", action="store_true", help="only predict the measured figures on the profile "
                         "(run the workloads on openreg and compare: the validation on fresh traces)")
     args = parser.parse_args(argv)
-    names = args.workloads.split(",") if args.workloads else \
-        list(CPU_WORKLOADS if args.measure == "cpu" else workloads.WORKLOADS)
+    names = workload_names(args.workloads, args.measure)
     base = cpu_template() if args.measure == "cpu" and args.profile is None else \
         openreg.timing.resolve(args.profile or "h100-sxm")
     if args.trace:
@@ -221,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         parser.error("give a measurement file, or --measure cuda|cpu")
     traces = arithmetic.load_traces(args.traces) if args.traces else \
-        {name: trace(name, base, args.small) for name in measured if name in workloads.WORKLOADS}
+        {name: trace(name, base, args.small) for name in measured if name in workload_names("all")}
     parameters = CPU_PARAMETERS if args.measure == "cpu" else arithmetic.PARAMETERS
     if args.no_fit:
         profile = base

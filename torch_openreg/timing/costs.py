@@ -173,6 +173,10 @@ def estimate(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Cost:
     except Exception:  # noqa: BLE001 - no meta kernel or data-dependent shapes: priced by its inputs
         meta_args = None
     mutated, written_only = _mutated(op, args, kwargs)
+    if base.startswith("_fused_") and kwargs.get("grad_scale") is None and len(args) > 1:
+        # the schema marks the gradients written for the grad scaler's unscale; without one they are only read
+        grads = _tensors(args[1])
+        mutated = [t for t in mutated if not any(t is g for g in grads)]
     inputs = [t for t in inputs if not any(t is w for w in written_only)]  # an ``out=`` tensor is only written
     aliased = any(r.alias_info is not None for r in op._schema.returns)  # returns what it wrote: counted there
     outputs = [] if aliased or meta_args is None else _tensors(result)
@@ -185,6 +189,8 @@ def estimate(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Cost:
         return dataclasses.replace(fused, bytes=max(fused.bytes, nbytes), host="library")
     if base in formulas.NORM_BACKWARDS and len(inputs) >= 2 and outputs:
         return formulas.norm_backward(inputs, outputs, dtype)
+    if base in formulas.EMBEDDING_BACKWARDS and outputs:
+        return formulas.embedding_backward(inputs, outputs, dtype)
     flops, formula = 0.0, False
     from torch.utils import flop_counter  # imported on first use, not at ``import torch``
 

@@ -64,6 +64,26 @@ def norm_backward(inputs: list, outputs: list, dtype: str) -> Cost:
     return combined((reduce, apply))
 
 
+EMBEDDING_BACKWARDS = {"embedding_dense_backward", "embedding_backward"}
+
+
+def embedding_backward(inputs: list, outputs: list, dtype: str) -> Cost:
+    """``embedding_dense_backward`` as PyTorch's CUDA kernel runs it: a radix sort of the indices (with
+    their positions) over the bits the vocabulary needs, then a segmented sum of the gradient's rows into
+    the table's gradient, which is written whole (zeros where no index points)."""
+    grad = next((t for t in inputs if t.is_floating_point()), None)
+    indices = next((t for t in inputs if not t.is_floating_point()), None)
+    table = outputs[0] if outputs else None
+    if grad is None or indices is None or table is None:
+        return Cost("reduction", 0.0, nbytes(inputs) + nbytes(outputs), dtype, formula=True)
+    bits = max(1, math.ceil(math.log2(max(table.shape[0], 2))))
+    passes = math.ceil(bits / 8)
+    pairs = float(indices.numel() * (indices.element_size() + 8))  # key and position, read and written
+    sort = Cost("sort", 0.0, passes * 2 * pairs, dtype, formula=True)
+    reduce = Cost("reduction", float(grad.numel()), nbytes([grad]) + pairs + nbytes([table]), dtype, formula=True)
+    return combined((sort, reduce))
+
+
 def nbytes(tensors) -> float:
     return float(sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor)))
 
@@ -90,8 +110,8 @@ def traffic(base: str, inputs: list, outputs: list, mutated: list) -> float:
         return nbytes(rest) + 2 * min(nbytes([target]), nbytes(rest))
     if base in SORTS and inputs:
         return radix_passes(inputs[0]) * (nbytes(inputs) + nbytes(outputs))
-    if base in SELECTS and inputs:
-        return radix_passes(inputs[0]) * nbytes(inputs[:1]) + nbytes(outputs)
+    if base in SELECTS and inputs:  # the digit passes, then one more to gather the selected values
+        return (radix_passes(inputs[0]) + 1) * nbytes(inputs[:1]) + nbytes(outputs)
     return nbytes(inputs) + nbytes(outputs) + nbytes(mutated)
 
 

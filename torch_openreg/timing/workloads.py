@@ -129,7 +129,11 @@ WORKLOADS: dict[str, Callable[[str, bool], Step]] = {
 
 
 def build(name: str, device: str, small: bool = False) -> Step:
-    """The step of workload ``name`` with its tensors on ``device``."""
-    if name not in WORKLOADS:
-        raise ValueError(f"unknown workload {name!r}; the standard set: {', '.join(WORKLOADS)}")
-    return WORKLOADS[name](device, small)
+    """The step of workload ``name`` (the standard set's, or :mod:`.class_workloads`') on ``device``."""
+    from .class_workloads import CLASS_WORKLOADS
+
+    known = {**WORKLOADS, **CLASS_WORKLOADS}
+    if name not in known:
+        raise ValueError(f"unknown workload {name!r}; the standard set: {', '.join(WORKLOADS)}; "
+                         f"the kernel classes: {', '.join(CLASS_WORKLOADS)}")
+    return known[name](device, small)
