@@ -116,3 +116,17 @@ def test_small_k_products_reach_less_of_the_peak_than_large_ones():
         return 2.0 * m * n * k / model.predict(cost, profile).seconds / profile.peak_flops("bfloat16", True)
 
     assert fraction(4096, 2048, 512) < 0.85 * fraction(4096, 4096, 4096)
+
+
+def test_measuring_writes_the_shared_files_format(tmp_path):
+    """The measuring side of ``--measure`` (on the CPU here, CUDA on a lent GPU): the file is the shared
+    measurement file's format, one entry per workload measured, readable by the calibration."""
+    from openreg.timing import calibrate as arithmetic
+    from torch_openreg.timing import calibrate
+
+    out = tmp_path / "classes.json"
+    names = ["cumsum-f32-4096x4096", "topk-f32-64x64k-k64", "layernorm-fwd-bwd-bf16-8192x4096"]
+    assert calibrate.main(["--measure", "cpu", "--measure-only", "--small", "--workloads", ",".join(names),
+                           "--save-measurements", str(out)]) == 0
+    measured = arithmetic.load_measurements(out)
+    assert list(measured) == names and all(m["kernels_us"] > 0 for m in measured.values())

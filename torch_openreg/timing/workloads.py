@@ -128,10 +128,18 @@ WORKLOADS: dict[str, Callable[[str, bool], Step]] = {
 # LITERALINCLUDE END: TIMING WORKLOADS
 
 
+def class_workloads() -> dict[str, Callable[[str, bool], Step]]:
+    """The kernel-class set (:mod:`.class_workloads`; also when this file runs outside its package)."""
+    if __package__:
+        from .class_workloads import CLASS_WORKLOADS
+    else:
+        from class_workloads import CLASS_WORKLOADS
+    return CLASS_WORKLOADS
+
+
 def build(name: str, device: str, small: bool = False) -> Step:
     """The step of workload ``name`` (the standard set's, or :mod:`.class_workloads`') on ``device``."""
-    from .class_workloads import CLASS_WORKLOADS
-
+    CLASS_WORKLOADS = class_workloads()
     known = {**WORKLOADS, **CLASS_WORKLOADS}
     if name not in known:
         raise ValueError(f"unknown workload {name!r}; the standard set: {', '.join(WORKLOADS)}; "
