@@ -16,3 +16,6 @@ nvidia-smi --query-gpu=name,clocks.max.sm,memory.total,driver_version --format=c
 TORCH_DEVICE_BACKEND_AUTOLOAD=0 timeout 200 python torch_openreg/timing/measure.py classes "$out/h100-classes.json" cuda
 TORCH_DEVICE_BACKEND_AUTOLOAD=0 timeout 80 python torch_openreg/timing/measure.py standard "$out/h100-standard.json" cuda \
     || true
+# what is live at the peak of the two training steps whose peaks the model misses or fits (encoder: -24%)
+TORCH_DEVICE_BACKEND_AUTOLOAD=0 timeout 60 python torch_openreg/timing/measure.py \
+    encoder-step-bf16-b8-s512-d512,mlp-step-bf16-b512-w1024 "$out/peak.json" peak || true

@@ -130,3 +130,13 @@ def test_measuring_writes_the_shared_files_format(tmp_path):
                            "--save-measurements", str(out)]) == 0
     measured = arithmetic.load_measurements(out)
     assert list(measured) == names and all(m["kernels_us"] > 0 for m in measured.values())
+
+
+def test_the_peak_diagnosis_finds_what_is_live_at_a_steps_peak():
+    """measure.peak_allocations (run on a GPU for the encoder step's missing 33 MiB), here on openreg's
+    memory history: the allocations it finds live at the step's peak add up to the allocator's peak."""
+    from torch_openreg.timing.measure import peak_allocations
+
+    out = peak_allocations("encoder-step-bf16-b8-s512-d512", device="openreg", small=True)
+    assert out["live_at_peak_in_step"] == out["peak_over_before"] > 0
+    assert out["largest"] and all(e["bytes"] > 0 for e in out["largest"]) and any(e["frames"] for e in out["largest"])

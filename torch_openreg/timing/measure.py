@@ -124,11 +124,53 @@ def measure_all(names: list[str], device: str, small: bool = False, path: str | 
     return measured
 
 
+def peak_allocations(name: str, path: str | None = None, top: int = 12, device: str = "cuda",
+                     small: bool = False) -> dict:
+    """What is allocated at the peak of one step of workload ``name`` on CUDA, by size, each with the
+    innermost frames that allocated it (``torch.cuda.memory._record_memory_history``): the diagnosis of a
+    peak the model misses (the encoder step's 33 MiB, docs/timing.md), for a session with a GPU (any
+    device whose module has CUDA's memory history: openreg's too, for the tests)."""
+    module = getattr(torch, device)
+    step = workloads.build(name, device, small)
+    for _ in range(3):
+        step()
+    module.synchronize()
+    gc.collect()
+    before = module.memory_allocated()
+    module.memory._record_memory_history(max_entries=200_000)
+    module.reset_peak_memory_stats()
+    step()
+    module.synchronize()
+    snapshot = module.memory._snapshot()
+    module.memory._record_memory_history(enabled=None)
+    live, peak, at_peak = {}, 0, {}
+    for event in (snapshot.get("device_traces") or [[]])[0]:
+        if event["action"] == "alloc":
+            live[event["addr"]] = event
+        elif event["action"] in ("free_requested", "free_completed"):
+            live.pop(event["addr"], None)
+        total = sum(e["size"] for e in live.values())
+        if total > peak:
+            peak, at_peak = total, dict(live)
+    frames = [(e["size"], [f"{f['filename'].split('/')[-1]}:{f['line']} {f['name']}" for f in e.get("frames", [])[:12]])
+              for e in sorted(at_peak.values(), key=lambda e: -e["size"])[:top]]
+    out = {"workload": name, "allocated_before": before, "peak_over_before": module.max_memory_allocated() - before,
+           "live_at_peak_in_step": peak, "largest": [{"bytes": b, "frames": f} for b, f in frames]}
+    if path:
+        with open(path, "w") as f:
+            json.dump(out, f, indent=1)
+    return out
+
+
 def _names(spec: str) -> list[str]:
     classes = list(workloads.class_workloads())
     return {"classes": classes, "standard": list(workloads.WORKLOADS),
             "all": [*workloads.WORKLOADS, *classes]}.get(spec) or spec.split(",")
 
 
-if __name__ == "__main__":  # python measure.py {classes|standard|all|NAME,...} OUT.json [cuda|cpu]
-    measure_all(_names(sys.argv[1]), sys.argv[3] if len(sys.argv) > 3 else "cuda", path=sys.argv[2])
+if __name__ == "__main__":  # python measure.py {classes|standard|all|NAME,...} OUT.json [cuda|cpu|peak]
+    if len(sys.argv) > 3 and sys.argv[3] == "peak":  # what is live at a step's peak, for each workload named
+        for workload in _names(sys.argv[1]):
+            peak_allocations(workload, sys.argv[2].replace(".json", f"-{workload}.json"))
+    else:
+        measure_all(_names(sys.argv[1]), sys.argv[3] if len(sys.argv) > 3 else "cuda", path=sys.argv[2])
