@@ -68,8 +68,9 @@ def _cost_to_json(cost: model.Cost | None):
            if getattr(cost, f.name) != f.default and f.name != "parts"}
     if cost.parts:
         out["parts"] = [_cost_to_json(p) for p in cost.parts]
-    if cost.shape is not None:
-        out["shape"] = list(cost.shape)
+    for key in ("shape", "grid"):
+        if getattr(cost, key) is not None:
+            out[key] = list(getattr(cost, key))
     return out
 
 
@@ -79,8 +80,9 @@ def _cost_from_json(data) -> model.Cost | None:
     data = dict(data)
     if "parts" in data:
         data["parts"] = tuple(_cost_from_json(p) for p in data["parts"])
-    if "shape" in data:
-        data["shape"] = tuple(data["shape"])
+    for key in ("shape", "grid"):
+        if key in data:
+            data[key] = tuple(data[key])
     return model.FREE if data == {"kind": "copy", "host": "none"} else model.Cost(**data)
 
 

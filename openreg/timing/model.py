@@ -40,18 +40,20 @@ EFFICIENCY = {
     "conv": 0.3255,  # convolutions as implicit matrix products (H100 workload conv3x3-f32-b16-c128-28)
     "attention": 0.9047,  # fused attention's products (H100 workload sdpa-bf16-b8-h16-s512-d128)
     "attention_backward": 0.3483,  # its backward's five products (FlashAttention-3 paper: cuDNN, d128, 305 TFLOPS)
-    "softmax": 0.5409,  # attention's per-score softmax / special-function rate (FA3 paper: cuDNN, d64, 335 TFLOPS)
+    "softmax": 0.5408,  # attention's per-score softmax / special-function rate (FA3 paper: cuDNN, d64, 335 TFLOPS)
     "elementwise": 0.8902,  # achieved / peak memory bandwidth (H100 STREAM triad, 2.97 TB/s)
     "reduction": 0.9555,  # (H100 STREAM dot, 3.18 TB/s)
     "normalization": 0.547,  # softmax, norms: more passes than bytes counted (H100 workload softmax-f32-4096x8192)
     "sort": 0.9555,  # radix sorts and selections, per pass (no figure: the reduction value)
-    "multi_tensor": 0.7074,  # _foreach_ and fused optimizer kernels (H100 workload mlp-step-bf16-b512-w1024)
+    "multi_tensor": 0.7159,  # _foreach_ and fused optimizer kernels (H100 workload mlp-step-bf16-b512-w1024)
     "copy": 0.8708,  # device-to-device copies (H100 STREAM copy, 2.90 TB/s)
     "l2": 3.013,  # L2-resident bandwidth / memory bandwidth (H100 workload add-f32-1M)
     "host_link": 0.797,  # achieved / per-direction host link bandwidth (H100 host-to-device, 51 GB/s)
     "interconnect": 1.065,  # collective bus bandwidth / per-direction link bandwidth (H100 NCCL, 478.9 GB/s)
 }
 LAUNCH_LATENCY_US = 2.433  # per kernel, back-to-back launches: floor + gap (Hopper, 2433 ns)
+MEMORY_LATENCY_US = 0.371  # a load that misses L2 (D. Ernst, gpu-benches gpu-latency, H100: 650 cycles at 1755 MHz)
+L2_LATENCY_US = 0.151  # a load that hits L2 (same: 265 cycles)
 MATRIX_OVERHEAD_US = 1.956  # a matrix product's pipeline fill and last epilogue (H100 workload mm-bf16-1024)
 KERNEL_FLOOR_US = 1.1  # shortest kernel duration (H100 workload tiny-adds-x100: 110.1 us / 100 kernels)
 COLLECTIVE_LATENCY_US = 2.552  # alpha: per step of a collective (H100 NCCL all-reduce of 1 MB, 43.7 GB/s)
@@ -103,6 +105,9 @@ class Cost:
     ``host``: what issuing it costs the host, one of :data:`HOST` (``"none"``: the runtime's own
     markers); ``tensors``: the tensors of a multi-tensor kernel (its class: ``multi_tensor``).
     ``scratch``: bytes a GPU library's scratch scales with (a convolution's output), for the memory peak.
+    ``grid``: for a kernel whose grid may not fill the device (a multi-tensor kernel: one block per chunk),
+    ``(blocks, rounds, resident)``: each block waits for memory ``rounds`` times in turn, and ``resident``
+    blocks fit on a compute unit at once; the kernel takes at least its waves x rounds memory latencies.
     """
 
     kind: str
@@ -119,6 +124,7 @@ class Cost:
     host: str = "op"
     tensors: int = 0
     scratch: float = 0.0
+    grid: tuple | None = None  # (blocks, dependent memory round trips per block, blocks resident per unit)
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -198,6 +204,11 @@ def predict(cost: Cost, profile, cached: float | None = None) -> Prediction:
     if cached is None:
         cached = 1.0 if cost.bytes <= profile.l2_cache_mib * (1 << 20) else 0.0
     memory = cost.bytes / (dram * memory_eff) * (1.0 - cached + cached / eff["l2"])
+    if cost.grid is not None:  # a small grid cannot keep enough loads in flight: its latency bounds it
+        blocks, rounds, resident = cost.grid
+        waves = math.ceil(blocks / max(profile.compute_units * resident, 1))
+        latency = (1.0 - cached) * profile.memory_latency_us + cached * profile.l2_latency_us
+        memory = max(memory, waves * rounds * latency * 1e-6)
     work = max(compute, memory)
     bound = "latency" if floor >= work else ("compute" if compute >= memory else "memory")
     return Prediction(floor + work, bound, compute, memory, peak, dram)

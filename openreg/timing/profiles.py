@@ -13,6 +13,8 @@ built-in ones are such files in ``openreg/timing/data``. Fields (units in the na
 * optional ``special_tops``: the special-function units' rate (exponentials, tera-ops per second) that
   attention's softmax runs at (default: the float32 vector peak / 16, NVIDIA's 16 per SM per clock
   beside 128 FMA lanes);
+* optional ``memory_latency_us`` and ``l2_latency_us``: a load's latency from memory and from L2 (for
+  kernels whose small grid cannot hide it);
 * optional ``launch_latency_us``, ``kernel_floor_us``, ``matrix_overhead_us``, ``efficiency`` (overrides of
   :data:`.model.EFFICIENCY`), ``host_us`` (the host's issue cost per launch, overrides of
   :data:`.model.HOST_US`) and ``scratch`` (overrides of :data:`.model.SCRATCH`);
@@ -52,6 +54,8 @@ class DeviceProfile:
     launch_latency_us: float = model.LAUNCH_LATENCY_US
     kernel_floor_us: float = model.KERNEL_FLOOR_US
     matrix_overhead_us: float = model.MATRIX_OVERHEAD_US
+    memory_latency_us: float = model.MEMORY_LATENCY_US
+    l2_latency_us: float = model.L2_LATENCY_US
     special_function_tops: float = 0.0  # 0: derived from the vector peak (see special_tops)
     l2_cache_mib: float = 0.0
     host_us: Mapping[str, float] = field(default_factory=lambda: dict(model.HOST_US))
@@ -115,7 +119,8 @@ def from_dict(data: Mapping, origin: str = "profile") -> DeviceProfile:
                            f"{origin}: a profile is a table of fields, got {type(data).__name__}")
     known = {"name", "description", "compute_units", "matrix_tflops", "vector_tflops", "memory_gib",
              "memory_bandwidth_gbs", "host_link", "interconnect", "launch_latency_us", "efficiency", "sources",
-             "cache", "kernel_floor_us", "host_us", "scratch", "matrix_overhead_us", "special_tops"}
+             "cache", "kernel_floor_us", "host_us", "scratch", "matrix_overhead_us", "special_tops",
+             "memory_latency_us", "l2_latency_us"}
     for name in data:
         if name not in known:
             raise fail(name, f"is not a profile field (fields: {', '.join(sorted(known))})")
@@ -172,6 +177,8 @@ def from_dict(data: Mapping, origin: str = "profile") -> DeviceProfile:
         matrix_overhead_us=_given(number(data, "matrix_overhead_us", required=False, zero=True),
                                   model.MATRIX_OVERHEAD_US),
         special_function_tops=_given(number(data, "special_tops", required=False), 0.0),
+        memory_latency_us=_given(number(data, "memory_latency_us", required=False), model.MEMORY_LATENCY_US),
+        l2_latency_us=_given(number(data, "l2_latency_us", required=False), model.L2_LATENCY_US),
         l2_cache_mib=_given(number(cache, "l2_mib", "cache.", required=False, zero=True), 0.0),
         host_us=tables["host_us"],
         scratch=tables["scratch"],
@@ -250,7 +257,8 @@ def to_dict(profile: DeviceProfile) -> dict:
         "interconnect": {"bandwidth_gbs": profile.interconnect_gbs, "latency_us": profile.collective_latency_us},
         **({"cache": {"l2_mib": profile.l2_cache_mib}} if profile.l2_cache_mib else {}),
         "launch_latency_us": profile.launch_latency_us, "kernel_floor_us": profile.kernel_floor_us,
-        "matrix_overhead_us": profile.matrix_overhead_us,
+        "matrix_overhead_us": profile.matrix_overhead_us, "memory_latency_us": profile.memory_latency_us,
+        "l2_latency_us": profile.l2_latency_us,
         **({"special_tops": profile.special_function_tops} if profile.special_function_tops else {}),
         "efficiency": dict(profile.efficiency), "host_us": dict(profile.host_us), "scratch": dict(profile.scratch),
         "sources": dict(profile.sources),

@@ -140,3 +140,17 @@ def test_the_peak_diagnosis_finds_what_is_live_at_a_steps_peak():
     out = peak_allocations("encoder-step-bf16-b8-s512-d512", device="openreg", small=True)
     assert out["live_at_peak_in_step"] == out["peak_over_before"] > 0
     assert out["largest"] and all(e["bytes"] > 0 for e in out["largest"]) and any(e["frames"] for e in out["largest"])
+
+
+def test_a_multi_tensor_kernel_launches_as_multi_tensor_apply_and_a_small_grid_pays_its_latency():
+    """One block per 65536-element chunk, at most 320 per launch: a few small tensors cannot hide the
+    memory latency (32 rounds of it per block), a long list splits into several launches."""
+    profile = openreg.timing.resolve("h100-sxm")
+    small = [torch.randn(70_000, device="openreg") for _ in range(4)]  # 2 chunks each: 8 blocks
+    launch = _launch(lambda: torch._foreach_mul_(small, 2.0), "aten::_foreach_mul_")[0]
+    assert launch.cost.grid == (8, 32, 4) and not launch.cost.parts
+    assert launch.prediction.seconds >= 32 * profile.l2_latency_us * 1e-6
+    big = [torch.randn(65536 * 100, device="openreg") for _ in range(4)]  # 400 chunks: 320 + 80
+    launch = _launch(lambda: torch._foreach_mul_(big, 2.0), "aten::_foreach_mul_")[0]
+    assert [p.grid[0] for p in launch.cost.parts] == [320, 80]
+    assert sum(p.bytes for p in launch.cost.parts) == pytest.approx(launch.cost.bytes)

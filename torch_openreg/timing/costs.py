@@ -215,8 +215,9 @@ def estimate(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Cost:
     lists = [a for a in args if isinstance(a, (list, tuple)) and a and isinstance(a[0], torch.Tensor)]
     tensors = len(lists[0]) if name.startswith(("_foreach_", "_fused_")) and lists else 0
     host = "library" if base in formulas.LIBRARY else "op"
-    return Cost(kind, flops, float(nbytes), dtype, shape=shape, formula=formula, host=host, tensors=tensors,
+    cost = Cost(kind, flops, float(nbytes), dtype, shape=shape, formula=formula, host=host, tensors=tensors,
                 scratch=scratch)
+    return formulas.multi_tensor(cost, lists) if tensors else cost
 # LITERALINCLUDE END: TIMING PRICE OP
 
 

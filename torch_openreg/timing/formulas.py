@@ -9,6 +9,7 @@ Where PyTorch has the formula (``torch.utils.flop_counter``: ``sdpa_flop_count``
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import torch
@@ -82,6 +83,44 @@ def embedding_backward(inputs: list, outputs: list, dtype: str) -> Cost:
     sort = Cost("sort", 0.0, passes * 2 * pairs, dtype, formula=True)
     reduce = Cost("reduction", float(grad.numel()), nbytes([grad]) + pairs + nbytes([table]), dtype, formula=True)
     return combined((sort, reduce))
+
+
+# PyTorch's multi_tensor_apply (ATen/native/cuda/MultiTensorApply.cuh), which _foreach_ and fused optimizer
+# kernels use: one block of 512 threads per chunk of 65536 elements, each thread loading 4 elements of each
+# list per round (so 32 rounds per chunk, each waiting for memory), at most 320 blocks and
+# depth_to_max_tensors[depth - 1] tensors per launch.
+CHUNK, BLOCK_THREADS, ILP, MAX_BLOCKS = 65536, 512, 4, 320
+MAX_TENSORS = (110, 64, 48, 36, 30)
+
+
+def multi_tensor(cost: Cost, lists: list) -> Cost:
+    """``cost`` (a whole multi-tensor call) as the launches multi_tensor_apply makes: each with its chunks'
+    share of the bytes and FLOPs, and its grid (blocks, rounds per block, blocks resident per unit), so
+    a short list of small tensors pays the memory latency its few blocks cannot hide."""
+    first = [t for t in lists[0] if isinstance(t, torch.Tensor)]
+    depth = min(max(len(lists), 1), len(MAX_TENSORS))
+    chunks = [max(1, math.ceil(t.numel() / CHUNK)) for t in first if t.numel()]
+    if not chunks:
+        return cost
+    launches, blocks, tensors = [], 0, 0
+    for n in chunks:  # fill a launch until its blocks or tensors run out, as multi_tensor_apply does
+        blocks, tensors = blocks + n, tensors + 1
+        while blocks >= MAX_BLOCKS:
+            launches.append(MAX_BLOCKS)
+            blocks -= MAX_BLOCKS
+        if tensors == MAX_TENSORS[depth - 1] and blocks:
+            launches.append(blocks)
+            blocks, tensors = 0, 0
+    if blocks:
+        launches.append(blocks)
+    total = sum(launches)
+    rounds = CHUNK // (BLOCK_THREADS * ILP)
+    resident = 2048 // BLOCK_THREADS  # threads per SM on NVIDIA GPUs since Volta
+    parts = tuple(Cost(cost.kind, cost.flops * b / total, cost.bytes * b / total, cost.dtype, formula=cost.formula,
+                       tensors=cost.tensors, grid=(b, rounds, resident)) for b in launches)
+    if len(parts) == 1:
+        return dataclasses.replace(cost, grid=parts[0].grid)
+    return dataclasses.replace(cost, parts=parts)
 
 
 def nbytes(tensors) -> float:
