@@ -154,3 +154,6 @@ def test_a_multi_tensor_kernel_launches_as_multi_tensor_apply_and_a_small_grid_p
     launch = _launch(lambda: torch._foreach_mul_(big, 2.0), "aten::_foreach_mul_")[0]
     assert [p.grid[0] for p in launch.cost.parts] == [320, 80]
     assert sum(p.bytes for p in launch.cost.parts) == pytest.approx(launch.cost.bytes)
+    steps = [torch.zeros((), device="openreg") for _ in range(8)]  # one element each: one round
+    launch = _launch(lambda: torch._foreach_add_(steps, 1.0), "aten::_foreach_add_")[0]
+    assert launch.cost.grid == (8, 1, 4) and launch.prediction.bound == "latency"

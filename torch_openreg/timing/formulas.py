@@ -114,7 +114,8 @@ def multi_tensor(cost: Cost, lists: list) -> Cost:
     if blocks:
         launches.append(blocks)
     total = sum(launches)
-    rounds = CHUNK // (BLOCK_THREADS * ILP)
+    # a block's rounds: its chunk's elements over what its threads load per round (32 for a full chunk)
+    rounds = max(math.ceil(min(t.numel(), CHUNK) / (BLOCK_THREADS * ILP)) for t in first if t.numel())
     resident = 2048 // BLOCK_THREADS  # threads per SM on NVIDIA GPUs since Volta
     parts = tuple(Cost(cost.kind, cost.flops * b / total, cost.bytes * b / total, cost.dtype, formula=cost.formula,
                        tensors=cost.tensors, grid=(b, rounds, resident)) for b in launches)
