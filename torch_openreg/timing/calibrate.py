@@ -60,7 +60,7 @@ def cpu_template() -> DeviceProfile:
         "compute_units": cores, "vector_tflops": {"float32": 0.05 * cores, "float64": 0.025 * cores},
         "memory_gib": 16, "memory_bandwidth_gbs": 20,
         "host_link": {"pinned_gbs": 20, "pageable_gbs": 20}, "interconnect": {"bandwidth_gbs": 20},
-        "launch_latency_us": 0.0001, "kernel_floor_us": 5.0, "cache": {"l2_mib": 0},
+        "launch_latency_us": 0.0001, "kernel_floor_us": 5.0, "cache": {"l2_mib": 0}, "matrix_overhead_us": 0,
         "host_us": {key: 0.0 for key in openreg.timing.HOST_US},
         "sources": {"vector_tflops": "nominal: 50 GFLOPS per core (the fit scales it)"},
     })

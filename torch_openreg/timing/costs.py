@@ -173,7 +173,7 @@ def estimate(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Cost:
     except Exception:  # noqa: BLE001 - no meta kernel or data-dependent shapes: priced by its inputs
         meta_args = None
     mutated, written_only = _mutated(op, args, kwargs)
-    if base.startswith("_fused_") and kwargs.get("grad_scale") is None and len(args) > 1:
+    if base in formulas.FUSED_OPTIMIZERS and kwargs.get("grad_scale") is None and len(args) > 1:
         # the schema marks the gradients written for the grad scaler's unscale; without one they are only read
         grads = _tensors(args[1])
         mutated = [t for t in mutated if not any(t is g for g in grads)]

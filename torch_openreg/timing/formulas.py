@@ -90,6 +90,7 @@ def embedding_backward(inputs: list, outputs: list, dtype: str) -> Cost:
 # list per round (so 32 rounds per chunk, each waiting for memory), at most 320 blocks and
 # depth_to_max_tensors[depth - 1] tensors per launch.
 CHUNK, BLOCK_THREADS, ILP, MAX_BLOCKS = 65536, 512, 4, 320
+FUSED_OPTIMIZERS = {"_fused_adam", "_fused_adamw", "_fused_sgd", "_fused_adagrad"}
 MAX_TENSORS = (110, 64, 48, 36, 30)
 
 
