@@ -36,7 +36,7 @@ PARAMETERS = {
     "efficiency.l2": ("add-f32-1M", "kernels_us"),
     "efficiency.normalization": ("softmax-f32-4096x8192", "kernels_us"),
     "efficiency.conv": ("conv3x3-f32-b16-c128-28", "kernels_us"),
-    "efficiency.attention": ("sdpa-bf16-b8-h16-s512-d128", "kernels_us"),
+    "efficiency.attention_fill": ("sdpa-bf16-b8-h16-s512-d128", "kernels_us"),
     "host_us.library": ("sdpa-bf16-b8-h16-s512-d128", "wall_us"),
     "host_us.python": ("conv3x3-f32-b16-c128-28", "wall_us"),
     "efficiency.multi_tensor": ("mlp-step-bf16-b512-w1024", "kernels_us"),

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 KINDS = ("matrix", "conv", "attention", "attention_backward", "elementwise", "reduction", "normalization", "sort",
          "copy", "collective")
 SPLIT_K_MIN = 256  # the least K a split of a split-K product keeps (an assumption, not fitted)
+ATTENTION_TILE = 128  # keys per block of a fused attention's inner loop (FlashAttention's, cuDNN's)
 MATRIX_TILE = 128  # output tile edge of a matrix-product kernel (cuBLAS's common 128x128 tiles)
 MATRIX_KINDS = ("matrix", "conv", "attention", "attention_backward")  # priced against the matrix units
 HOST = ("op", "library", "autograd", "none")  # what issuing a launch costs the host: see HOST_US
@@ -38,9 +39,11 @@ HOST = ("op", "library", "autograd", "none")  # what issuing a launch costs the 
 EFFICIENCY = {
     "matrix": 0.8465,  # achieved / peak matrix-unit FLOPS (H100 BF16 best-shape matmul, 794.5 TFLOPS)
     "conv": 0.3255,  # convolutions as implicit matrix products (H100 workload conv3x3-f32-b16-c128-28)
-    "attention": 0.9047,  # fused attention's products (H100 workload sdpa-bf16-b8-h16-s512-d128)
-    "attention_backward": 0.3483,  # its backward's five products (FlashAttention-3 paper: cuDNN, d128, 305 TFLOPS)
-    "softmax": 0.5408,  # attention's per-score softmax / special-function rate (FA3 paper: cuDNN, d64, 335 TFLOPS)
+    "attention": 0.6854,  # fused attention's products (FA3 paper: cuDNN fwd d128 s2k, 617 TFLOPS)
+    "attention_backward": 0.751,  # its backward's five products (FA3 paper: cuDNN bwd d128 s2k, 465 TFLOPS)
+    "softmax": 0.4674,  # attention's per-score softmax / special-function rate (FA3 paper: cuDNN, d64, 335 TFLOPS)
+    "attention_fill": 1.542,  # key blocks' worth a query tile's prologue/epilogue costs (H100 workload sdpa-...-s512)
+    "attention_backward_fill": 3.376,  # the same in the backward (FA3 paper: cuDNN bwd d128 s512, 305 TFLOPS)
     "elementwise": 0.8902,  # achieved / peak memory bandwidth (H100 STREAM triad, 2.97 TB/s)
     "reduction": 0.9555,  # (H100 STREAM dot, 3.18 TB/s)
     "normalization": 0.547,  # softmax, norms: more passes than bytes counted (H100 workload softmax-f32-4096x8192)
@@ -65,7 +68,7 @@ HOST_US = {  # the host's cost of issuing one launch (PyTorch eager: Python, dis
 }
 SCRATCH = {  # device scratch a GPU library allocates during a launch, x a basis in bytes
     "conv_workspace": 2.092,  # cuDNN's workspace, x the output (H100 workload conv3x3-f32-b16-c128-28)
-    "attention_backward": 1,  # x the query as float32: FlashAttention-2's dq accumulator (its design; no figure)
+    "attention_backward": 0.35,  # x the query as float32: FlashAttention-2's dq accumulator (its design; no figure)
 }
 # LITERALINCLUDE END: TIMING DEFAULTS
 
@@ -198,7 +201,14 @@ def predict(cost: Cost, profile, cached: float | None = None) -> Prediction:
             compute = _waves(cost.shape, profile.compute_units) * compute
         compute += profile.matrix_overhead_us * 1e-6
     if cost.kind in ("attention", "attention_backward") and cost.shape is not None:
-        compute += _softmax(cost.shape, profile)
+        # the forward's softmax overlaps its products (Hopper kernels pipeline them: the slower bounds it);
+        # the backward recomputes it between its five products, which wait for it
+        softmax = _softmax(cost.shape, profile)
+        compute = compute + softmax if cost.kind == "attention_backward" else max(compute, softmax)
+        # each query tile's prologue and epilogue (loading Q, writing O and its statistics; the backward's
+        # dQ, dK, dV) cost ``fill`` of its loop's key-block iterations: short sequences pay more of it
+        fill = eff["attention_backward_fill" if cost.kind == "attention_backward" else "attention_fill"]
+        compute *= 1.0 + fill / max(math.ceil(cost.shape[2] / ATTENTION_TILE), 1)
     memory_eff = eff["elementwise"] if matrix else eff["multi_tensor"] if cost.tensors else eff[cost.kind]
     dram = profile.memory_bandwidth_gbs * 1e9
     if cached is None:
@@ -218,7 +228,7 @@ def _softmax(shape: tuple, profile) -> float:
     """Seconds of a fused attention's softmax, which the matrix units cannot do: one exponential (and its
     row bookkeeping) per score, ``batch x heads x queries x keys`` for ``shape = (batch x heads, queries,
     keys, head_dim)``, on the special-function units (FlashAttention-3 paper: an H100 SXM5 has 989 TFLOPS
-    of BF16 products but 3.9 TFLOPS of exponentials). Its share of the time grows as the head narrows."""
+    of BF16 products but 3.9 TFLOPS of exponentials). It bounds the kernel when the head is narrow."""
     scores = shape[0] * shape[1] * shape[2]
     return scores / (profile.special_tops * 1e12 * profile.efficiency["softmax"])
 

@@ -97,7 +97,8 @@ def fit(rows: list[dict]) -> dict:
         for _ in range(3):
             for row in fitting:
                 name = row["use"][4:]
-                low, high = (0.0, 100.0) if name.endswith("_us") else (0.01, 2.0)
+                low, high = (0.0, 100.0) if name.endswith("_us") else (0.0, 20.0) if name.endswith("_fill") \
+                    else (0.01, 2.0)
 
                 def error(x: float, row: dict = row, name: str = name) -> float:
                     trial = with_parameters(profiles[row["device"]], {**params, name: x})
