@@ -32,10 +32,11 @@ QUANTITIES = ("kernels_us", "wall_us", "peak_bytes")
 PARAMETERS = {
     "kernel_floor_us": ("tiny-adds-x100", "kernels_us"),
     "host_us.op": ("tiny-adds-x100", "wall_us"),
+    "matrix_overhead_us": ("mm-bf16-1024", "kernels_us"),
     "efficiency.l2": ("add-f32-1M", "kernels_us"),
     "efficiency.normalization": ("softmax-f32-4096x8192", "kernels_us"),
     "efficiency.conv": ("conv3x3-f32-b16-c128-28", "kernels_us"),
-    "efficiency.attention": ("sdpa-bf16-b8-h16-s512-d128", "kernels_us"),
+    "efficiency.attention_fill": ("sdpa-bf16-b8-h16-s512-d128", "kernels_us"),
     "host_us.library": ("sdpa-bf16-b8-h16-s512-d128", "wall_us"),
     "host_us.python": ("conv3x3-f32-b16-c128-28", "wall_us"),
     "efficiency.multi_tensor": ("mlp-step-bf16-b512-w1024", "kernels_us"),
@@ -67,8 +68,9 @@ def _cost_to_json(cost: model.Cost | None):
            if getattr(cost, f.name) != f.default and f.name != "parts"}
     if cost.parts:
         out["parts"] = [_cost_to_json(p) for p in cost.parts]
-    if cost.shape is not None:
-        out["shape"] = list(cost.shape)
+    for key in ("shape", "grid"):
+        if getattr(cost, key) is not None:
+            out[key] = list(getattr(cost, key))
     return out
 
 
@@ -78,8 +80,9 @@ def _cost_from_json(data) -> model.Cost | None:
     data = dict(data)
     if "parts" in data:
         data["parts"] = tuple(_cost_from_json(p) for p in data["parts"])
-    if "shape" in data:
-        data["shape"] = tuple(data["shape"])
+    for key in ("shape", "grid"):
+        if key in data:
+            data[key] = tuple(data[key])
     return model.FREE if data == {"kind": "copy", "host": "none"} else model.Cost(**data)
 
 

@@ -22,8 +22,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-KINDS = ("matrix", "conv", "attention", "elementwise", "reduction", "normalization", "sort", "copy", "collective")
+KINDS = ("matrix", "conv", "attention", "attention_backward", "elementwise", "reduction", "normalization", "sort",
+         "copy", "collective")
+SPLIT_K_MIN = 256  # the least K a split of a split-K product keeps (an assumption, not fitted)
+ATTENTION_TILE = 128  # keys per block of a fused attention's inner loop (FlashAttention's, cuDNN's)
 MATRIX_TILE = 128  # output tile edge of a matrix-product kernel (cuBLAS's common 128x128 tiles)
+MATRIX_KINDS = ("matrix", "conv", "attention", "attention_backward")  # priced against the matrix units
 HOST = ("op", "library", "autograd", "none")  # what issuing a launch costs the host: see HOST_US
 
 # LITERALINCLUDE START: TIMING DEFAULTS
@@ -33,21 +37,28 @@ HOST = ("op", "library", "autograd", "none")  # what issuing a launch costs the 
 # override any of them (its "efficiency", "host_us" and "scratch" tables, "launch_latency_us", "kernel_floor_us",
 # and its interconnect's "latency_us"); python -m torch_openreg.timing.calibrate fits them for a device.
 EFFICIENCY = {
-    "matrix": 0.8346,  # achieved / peak matrix-unit FLOPS (H100 BF16 best-shape matmul, 794.5 TFLOPS)
-    "conv": 0.3061,  # convolutions as implicit matrix products (H100 workload conv3x3-f32-b16-c128-28)
-    "attention": 0.4947,  # fused attention (H100 workload sdpa-bf16-b8-h16-s512-d128)
+    "matrix": 0.8465,  # achieved / peak matrix-unit FLOPS (H100 BF16 best-shape matmul, 794.5 TFLOPS)
+    "conv": 0.3255,  # convolutions as implicit matrix products (H100 workload conv3x3-f32-b16-c128-28)
+    "attention": 0.6854,  # fused attention's products (FA3 paper: cuDNN fwd d128 s2k, 617 TFLOPS)
+    "attention_backward": 0.751,  # its backward's five products (FA3 paper: cuDNN bwd d128 s2k, 465 TFLOPS)
+    "softmax": 0.4674,  # attention's per-score softmax / special-function rate (FA3 paper: cuDNN, d64, 335 TFLOPS)
+    "attention_fill": 1.542,  # key blocks' worth a query tile's prologue/epilogue costs (H100 workload sdpa-...-s512)
+    "attention_backward_fill": 3.376,  # the same in the backward (FA3 paper: cuDNN bwd d128 s512, 305 TFLOPS)
     "elementwise": 0.8902,  # achieved / peak memory bandwidth (H100 STREAM triad, 2.97 TB/s)
     "reduction": 0.9555,  # (H100 STREAM dot, 3.18 TB/s)
     "normalization": 0.547,  # softmax, norms: more passes than bytes counted (H100 workload softmax-f32-4096x8192)
     "sort": 0.9555,  # radix sorts and selections, per pass (no figure: the reduction value)
-    "multi_tensor": 0.6962,  # _foreach_ and fused optimizer kernels (H100 workload mlp-step-bf16-b512-w1024)
+    "multi_tensor": 0.7159,  # _foreach_ and fused optimizer kernels (H100 workload mlp-step-bf16-b512-w1024)
     "copy": 0.8708,  # device-to-device copies (H100 STREAM copy, 2.90 TB/s)
     "l2": 3.013,  # L2-resident bandwidth / memory bandwidth (H100 workload add-f32-1M)
     "host_link": 0.797,  # achieved / per-direction host link bandwidth (H100 host-to-device, 51 GB/s)
     "interconnect": 1.065,  # collective bus bandwidth / per-direction link bandwidth (H100 NCCL, 478.9 GB/s)
 }
 LAUNCH_LATENCY_US = 2.433  # per kernel, back-to-back launches: floor + gap (Hopper, 2433 ns)
-KERNEL_FLOOR_US = 1.100  # shortest kernel duration (H100 workload tiny-adds-x100: 110.1 us / 100 kernels)
+MEMORY_LATENCY_US = 0.371  # a load that misses L2 (D. Ernst, gpu-benches gpu-latency, H100: 650 cycles at 1755 MHz)
+L2_LATENCY_US = 0.151  # a load that hits L2 (same: 265 cycles)
+MATRIX_OVERHEAD_US = 1.956  # a matrix product's pipeline fill and last epilogue (H100 workload mm-bf16-1024)
+KERNEL_FLOOR_US = 1.1  # shortest kernel duration (H100 workload tiny-adds-x100: 110.1 us / 100 kernels)
 COLLECTIVE_LATENCY_US = 2.552  # alpha: per step of a collective (H100 NCCL all-reduce of 1 MB, 43.7 GB/s)
 HOST_US = {  # the host's cost of issuing one launch (PyTorch eager: Python, dispatch, the driver's launch)
     "op": 14.67,  # an operator (H100 host: workload tiny-adds-x100, 1466.7 us / 100 operators)
@@ -57,7 +68,7 @@ HOST_US = {  # the host's cost of issuing one launch (PyTorch eager: Python, dis
 }
 SCRATCH = {  # device scratch a GPU library allocates during a launch, x a basis in bytes
     "conv_workspace": 2.092,  # cuDNN's workspace, x the output (H100 workload conv3x3-f32-b16-c128-28)
-    "attention_backward": 1.0,  # x the query as float32: FlashAttention-2's dq accumulator (its design; no figure)
+    "attention_backward": 0.35,  # x the query as float32: FlashAttention-2's dq accumulator (its design; no figure)
 }
 # LITERALINCLUDE END: TIMING DEFAULTS
 
@@ -97,6 +108,9 @@ class Cost:
     ``host``: what issuing it costs the host, one of :data:`HOST` (``"none"``: the runtime's own
     markers); ``tensors``: the tensors of a multi-tensor kernel (its class: ``multi_tensor``).
     ``scratch``: bytes a GPU library's scratch scales with (a convolution's output), for the memory peak.
+    ``grid``: for a kernel whose grid may not fill the device (a multi-tensor kernel: one block per chunk),
+    ``(blocks, rounds, resident)``: each block waits for memory ``rounds`` times in turn, and ``resident``
+    blocks fit on a compute unit at once; the kernel takes at least its waves x rounds memory latencies.
     """
 
     kind: str
@@ -113,6 +127,7 @@ class Cost:
     host: str = "op"
     tensors: int = 0
     scratch: float = 0.0
+    grid: tuple | None = None  # (blocks, dependent memory round trips per block, blocks resident per unit)
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -177,20 +192,45 @@ def predict(cost: Cost, profile, cached: float | None = None) -> Prediction:
             share = eff["host_link"]
         wire = cost.bytes / (peak * share)
         return Prediction(floor + wire, "link" if wire > floor else "latency", 0.0, wire, 0.0, peak)
-    matrix = cost.kind in ("matrix", "conv", "attention")
+    matrix = cost.kind in MATRIX_KINDS
     peak = profile.peak_flops(cost.dtype, matrix=matrix)
     flops_rate = peak * eff[cost.kind] if matrix else peak
     compute = cost.flops / flops_rate if cost.flops else 0.0
-    if cost.kind in ("matrix", "conv") and cost.shape is not None and cost.flops:
-        compute = _waves(cost.shape, profile.compute_units) * compute
+    if cost.kind in ("matrix", "conv") and cost.flops:
+        if cost.shape is not None:
+            compute = _waves(cost.shape, profile.compute_units) * compute
+        compute += profile.matrix_overhead_us * 1e-6
+    if cost.kind in ("attention", "attention_backward") and cost.shape is not None:
+        # the forward's softmax overlaps its products (Hopper kernels pipeline them: the slower bounds it);
+        # the backward recomputes it between its five products, which wait for it
+        softmax = _softmax(cost.shape, profile)
+        compute = compute + softmax if cost.kind == "attention_backward" else max(compute, softmax)
+        # each query tile's prologue and epilogue (loading Q, writing O and its statistics; the backward's
+        # dQ, dK, dV) cost ``fill`` of its loop's key-block iterations: short sequences pay more of it
+        fill = eff["attention_backward_fill" if cost.kind == "attention_backward" else "attention_fill"]
+        compute *= 1.0 + fill / max(math.ceil(cost.shape[2] / ATTENTION_TILE), 1)
     memory_eff = eff["elementwise"] if matrix else eff["multi_tensor"] if cost.tensors else eff[cost.kind]
     dram = profile.memory_bandwidth_gbs * 1e9
     if cached is None:
         cached = 1.0 if cost.bytes <= profile.l2_cache_mib * (1 << 20) else 0.0
     memory = cost.bytes / (dram * memory_eff) * (1.0 - cached + cached / eff["l2"])
+    if cost.grid is not None:  # a small grid cannot keep enough loads in flight: its latency bounds it
+        blocks, rounds, resident = cost.grid
+        waves = math.ceil(blocks / max(profile.compute_units * resident, 1))
+        latency = (1.0 - cached) * profile.memory_latency_us + cached * profile.l2_latency_us
+        memory = max(memory, waves * rounds * latency * 1e-6)
     work = max(compute, memory)
     bound = "latency" if floor >= work else ("compute" if compute >= memory else "memory")
     return Prediction(floor + work, bound, compute, memory, peak, dram)
+
+
+def _softmax(shape: tuple, profile) -> float:
+    """Seconds of a fused attention's softmax, which the matrix units cannot do: one exponential (and its
+    row bookkeeping) per score, ``batch x heads x queries x keys`` for ``shape = (batch x heads, queries,
+    keys, head_dim)``, on the special-function units (FlashAttention-3 paper: an H100 SXM5 has 989 TFLOPS
+    of BF16 products but 3.9 TFLOPS of exponentials). It bounds the kernel when the head is narrow."""
+    scores = shape[0] * shape[1] * shape[2]
+    return scores / (profile.special_tops * 1e12 * profile.efficiency["softmax"])
 
 
 def _waves(shape: tuple, units: int) -> float:
@@ -198,12 +238,12 @@ def _waves(shape: tuple, units: int) -> float:
     is cut in MATRIX_TILE squares (half as wide along a side of at most MATRIX_TILE / 2, as the
     libraries pick a narrower tile there; partial tiles cost whole ones) and each wave runs one tile per
     compute unit, so the time is ``waves x one tile's time`` instead of ``FLOPs / peak``. A product with
-    fewer tiles than units and a long K (K at least twice its longer output side) splits K over the idle
-    units (cuBLAS's split-K), up to ``K / max(M, N)`` ways."""
+    fewer tiles than units splits K over the idle units (cuBLAS's split-K and stream-K), as long as each
+    split keeps ``SPLIT_K_MIN`` of K (an assumption of the model: a few stages of its K pipeline)."""
     m, n, k, batch = shape
     tm, tn = (MATRIX_TILE // 2 if x <= MATRIX_TILE // 2 else MATRIX_TILE for x in (m, n))
     tiles = math.ceil(m / tm) * math.ceil(n / tn) * max(batch, 1)
-    splits = max(1, min(units // max(tiles, 1), k // max(m, n, 1))) if tiles < units else 1
+    splits = max(1, min(units // max(tiles, 1), k // SPLIT_K_MIN)) if tiles < units else 1
     waves = math.ceil(tiles * splits / units) / splits * (tm * tn) / (MATRIX_TILE * MATRIX_TILE)
     ideal = m * n * max(batch, 1) / (MATRIX_TILE * MATRIX_TILE * units)
     return waves / ideal if ideal else 1.0

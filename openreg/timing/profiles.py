@@ -10,7 +10,12 @@ built-in ones are such files in ``openreg/timing/data``. Fields (units in the na
 * ``host_link``: ``pinned_gbs`` and ``pageable_gbs``, per direction;
 * ``interconnect``: ``bandwidth_gbs`` per direction per device, optional ``latency_us`` (per step);
 * ``cache``: optional ``l2_mib``, the last-level cache a kernel's working set may stay in;
-* optional ``launch_latency_us``, ``kernel_floor_us``, ``efficiency`` (overrides of
+* optional ``special_tops``: the special-function units' rate (exponentials, tera-ops per second) that
+  attention's softmax runs at (default: the float32 vector peak / 16, NVIDIA's 16 per SM per clock
+  beside 128 FMA lanes);
+* optional ``memory_latency_us`` and ``l2_latency_us``: a load's latency from memory and from L2 (for
+  kernels whose small grid cannot hide it);
+* optional ``launch_latency_us``, ``kernel_floor_us``, ``matrix_overhead_us``, ``efficiency`` (overrides of
   :data:`.model.EFFICIENCY`), ``host_us`` (the host's issue cost per launch, overrides of
   :data:`.model.HOST_US`) and ``scratch`` (overrides of :data:`.model.SCRATCH`);
 * ``sources``: where each figure comes from (free text per field; shown by the docs).
@@ -48,6 +53,10 @@ class DeviceProfile:
     interconnect_gbs: float
     launch_latency_us: float = model.LAUNCH_LATENCY_US
     kernel_floor_us: float = model.KERNEL_FLOOR_US
+    matrix_overhead_us: float = model.MATRIX_OVERHEAD_US
+    memory_latency_us: float = model.MEMORY_LATENCY_US
+    l2_latency_us: float = model.L2_LATENCY_US
+    special_function_tops: float = 0.0  # 0: derived from the vector peak (see special_tops)
     l2_cache_mib: float = 0.0
     host_us: Mapping[str, float] = field(default_factory=lambda: dict(model.HOST_US))
     scratch: Mapping[str, float] = field(default_factory=lambda: dict(model.SCRATCH))
@@ -58,6 +67,12 @@ class DeviceProfile:
     @property
     def memory_bytes(self) -> int:
         return int(self.memory_gib * (1 << 30))
+
+    @property
+    def special_tops(self) -> float:
+        """Exponentials per second / 1e12 of the special-function units (16 per SM per clock on NVIDIA
+        GPUs since Volta, beside 128 FP32 lanes, 256 FLOPs per clock: the float32 peak / 16)."""
+        return self.special_function_tops or self.vector_tflops["float32"] / 16
 
     def peak_flops(self, dtype: str, matrix: bool) -> float:
         """Peak FLOP/s for ``dtype``: the matrix units' for a matrix product or convolution when they
@@ -104,7 +119,8 @@ def from_dict(data: Mapping, origin: str = "profile") -> DeviceProfile:
                            f"{origin}: a profile is a table of fields, got {type(data).__name__}")
     known = {"name", "description", "compute_units", "matrix_tflops", "vector_tflops", "memory_gib",
              "memory_bandwidth_gbs", "host_link", "interconnect", "launch_latency_us", "efficiency", "sources",
-             "cache", "kernel_floor_us", "host_us", "scratch"}
+             "cache", "kernel_floor_us", "host_us", "scratch", "matrix_overhead_us", "special_tops",
+             "memory_latency_us", "l2_latency_us"}
     for name in data:
         if name not in known:
             raise fail(name, f"is not a profile field (fields: {', '.join(sorted(known))})")
@@ -158,6 +174,11 @@ def from_dict(data: Mapping, origin: str = "profile") -> DeviceProfile:
         collective_latency_us=number(net, "latency_us", "interconnect.", required=False)
         or model.COLLECTIVE_LATENCY_US,
         kernel_floor_us=_given(number(data, "kernel_floor_us", required=False, zero=True), model.KERNEL_FLOOR_US),
+        matrix_overhead_us=_given(number(data, "matrix_overhead_us", required=False, zero=True),
+                                  model.MATRIX_OVERHEAD_US),
+        special_function_tops=_given(number(data, "special_tops", required=False), 0.0),
+        memory_latency_us=_given(number(data, "memory_latency_us", required=False), model.MEMORY_LATENCY_US),
+        l2_latency_us=_given(number(data, "l2_latency_us", required=False), model.L2_LATENCY_US),
         l2_cache_mib=_given(number(cache, "l2_mib", "cache.", required=False, zero=True), 0.0),
         host_us=tables["host_us"],
         scratch=tables["scratch"],
@@ -236,6 +257,9 @@ def to_dict(profile: DeviceProfile) -> dict:
         "interconnect": {"bandwidth_gbs": profile.interconnect_gbs, "latency_us": profile.collective_latency_us},
         **({"cache": {"l2_mib": profile.l2_cache_mib}} if profile.l2_cache_mib else {}),
         "launch_latency_us": profile.launch_latency_us, "kernel_floor_us": profile.kernel_floor_us,
+        "matrix_overhead_us": profile.matrix_overhead_us, "memory_latency_us": profile.memory_latency_us,
+        "l2_latency_us": profile.l2_latency_us,
+        **({"special_tops": profile.special_function_tops} if profile.special_function_tops else {}),
         "efficiency": dict(profile.efficiency), "host_us": dict(profile.host_us), "scratch": dict(profile.scratch),
         "sources": dict(profile.sources),
     }

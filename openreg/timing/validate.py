@@ -39,6 +39,14 @@ def predict_figure(row: dict, profile: DeviceProfile) -> float:
         nbytes = (m * k + k * n) * size + m * n * p.get("out_bytes", size)
         cost = model.Cost("matrix", flops, nbytes, p["dtype"], shape=(m, n, k, 1), formula=True)
         return flops / model.predict(cost, profile).seconds / 1e12
+    if quantity == "attention_tflops":  # fused attention, FLOPs as the FlashAttention papers count them
+        b, h, s, d, size = p["batch"], p["heads"], p["seq"], p["head_dim"], _BYTES[p["dtype"]]
+        backward = p.get("backward", False)
+        flops = 4.0 * b * h * s * s * d * (2.5 if backward else 1.0)
+        nbytes = (8 if backward else 4) * b * h * s * d * size
+        cost = model.Cost("attention_backward" if backward else "attention", flops, nbytes, p["dtype"],
+                          shape=(b * h, s, s, d), formula=True)
+        return flops / model.predict(cost, profile).seconds / 1e12
     if quantity == "stream_tbs":
         kind, arrays = _STREAM[p["op"]]
         nbytes = arrays * p["elements"] * p["element_bytes"]
@@ -69,6 +77,7 @@ def with_parameters(profile: DeviceProfile, params: dict) -> DeviceProfile:
 def current_parameters() -> dict:
     """The model's defaults, by the names :func:`fit` gives them."""
     return {**model.EFFICIENCY, "launch_latency_us": model.LAUNCH_LATENCY_US,
+            "matrix_overhead_us": model.MATRIX_OVERHEAD_US,
             "collective_latency_us": model.COLLECTIVE_LATENCY_US, "kernel_floor_us": model.KERNEL_FLOOR_US,
             **{f"host_us.{k}": v for k, v in model.HOST_US.items()},
             **{f"scratch.{k}": v for k, v in model.SCRATCH.items()}}
@@ -88,7 +97,8 @@ def fit(rows: list[dict]) -> dict:
         for _ in range(3):
             for row in fitting:
                 name = row["use"][4:]
-                low, high = (0.0, 100.0) if name.endswith("_us") else (0.01, 2.0)
+                low, high = (0.0, 100.0) if name.endswith("_us") else (0.0, 20.0) if name.endswith("_fill") \
+                    else (0.01, 2.0)
 
                 def error(x: float, row: dict = row, name: str = name) -> float:
                     trial = with_parameters(profiles[row["device"]], {**params, name: x})

@@ -34,7 +34,7 @@ def test_every_shared_workload_is_priced(name):
     assert all(r.cost is not None for r in report.launches)
     assert set(report.no_formula) <= {"fill_ (C++ kernel)"}
     for r in report.launches:
-        if r.cost.kind in ("matrix", "conv", "attention"):
+        if r.cost.kind in ("matrix", "conv", "attention", "attention_backward"):
             assert r.cost.flops > 0 and r.cost.formula, r.name
 
 

@@ -21,9 +21,7 @@ import dataclasses
 import gc
 import json
 import os
-import statistics
 import sys
-import time
 
 import torch
 
@@ -32,6 +30,7 @@ from openreg.timing import calibrate as arithmetic
 from openreg.timing.profiles import DeviceProfile, from_dict, to_dict
 
 from . import costs, simulate, workloads
+from .measure import measure, measure_all  # noqa: F401 - the command's, and the tests'
 
 # LITERALINCLUDE START: TIMING CPU CALIBRATION
 # A CPU runs its operators on the issuing thread: the host's cost is inside each operator's time, so a
@@ -45,7 +44,8 @@ CPU_PARAMETERS = {
     "efficiency.normalization": ("softmax-f32-4096x8192", "kernels_us"),
     "efficiency.conv": ("conv3x3-f32-b16-c128-28", "kernels_us"),
 }
-CPU_TIES = {"attention": "matrix", "reduction": "elementwise", "sort": "elementwise", "copy": "elementwise",
+CPU_TIES = {"attention": "matrix", "attention_backward": "matrix",
+            "reduction": "elementwise", "sort": "elementwise", "copy": "elementwise",
             "multi_tensor": "elementwise"}
 CPU_WORKLOADS = ("mm-f32-2048", "add-f32-1M", "add-f32-16M", "tiny-adds-x100", "softmax-f32-4096x8192",
                  "sum-f32-64M", "conv3x3-f32-b16-c128-28", "h2d-pinned-256MB")
@@ -60,7 +60,7 @@ def cpu_template() -> DeviceProfile:
         "compute_units": cores, "vector_tflops": {"float32": 0.05 * cores, "float64": 0.025 * cores},
         "memory_gib": 16, "memory_bandwidth_gbs": 20,
         "host_link": {"pinned_gbs": 20, "pageable_gbs": 20}, "interconnect": {"bandwidth_gbs": 20},
-        "launch_latency_us": 0.0001, "kernel_floor_us": 5.0, "cache": {"l2_mib": 0},
+        "launch_latency_us": 0.0001, "kernel_floor_us": 5.0, "cache": {"l2_mib": 0}, "matrix_overhead_us": 0,
         "host_us": {key: 0.0 for key in openreg.timing.HOST_US},
         "sources": {"vector_tflops": "nominal: 50 GFLOPS per core (the fit scales it)"},
     })
@@ -89,64 +89,6 @@ def trace(name: str, profile="h100-sxm", small: bool = False) -> dict:
 # LITERALINCLUDE END: TIMING TRACE WORKLOAD
 
 
-# LITERALINCLUDE START: TIMING MEASURE
-def measure(name: str, device: str, small: bool = False, steps: int = 20, rounds: int = 3) -> dict:
-    """Workload ``name`` measured on ``device`` as the shared file measured it: ``wall_us`` (events
-    around ``steps`` steps / steps, median of ``rounds``; the CPU: the host's clock, one thread, the
-    fastest round, as other processes share it), ``kernels_us``
-    (CUDA: the profiler's kernel and copy durations of a step, mean of 5; the CPU: its wall time, the
-    host running the kernels, given as ``kernels_us`` only), ``peak_bytes`` (CUDA: the allocator's peak
-    during a step over what was allocated before it)."""
-    cuda = device.startswith("cuda")
-    if not cuda:  # one thread: a CPU's parallel regions wait for cores other processes hold
-        threads = torch.get_num_threads()
-        torch.set_num_threads(1)
-        try:
-            return _measure(name, device, small, steps, rounds, False)
-        finally:
-            torch.set_num_threads(threads)
-    return _measure(name, device, small, steps, rounds, True)
-
-
-def _measure(name: str, device: str, small: bool, steps: int, rounds: int, cuda: bool) -> dict:
-    step = workloads.build(name, device, small)
-    for _ in range(3):
-        step()
-    sync = torch.cuda.synchronize if cuda else (lambda: None)
-    sync()
-    walls = []
-    for _ in range(rounds):
-        if cuda:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(steps):
-                step()
-            end.record()
-            end.synchronize()
-            walls.append(start.elapsed_time(end) * 1e3 / steps)
-        else:
-            began = time.perf_counter()
-            for _ in range(steps):
-                step()
-            walls.append((time.perf_counter() - began) * 1e6 / steps)
-    if not cuda:  # a CPU shared with other work: its least-disturbed round (its wall time is the same figure)
-        return {"what": name, "kernels_us": min(walls)}
-    out = {"what": name, "wall_us": statistics.median(walls)}
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(5):
-            step()
-        sync()
-    out["kernels_us"] = sum(e.self_device_time_total for e in prof.key_averages()) / 5
-    gc.collect()
-    before = torch.cuda.memory_allocated()
-    torch.cuda.reset_peak_memory_stats()
-    step()
-    sync()
-    out["peak_bytes"] = torch.cuda.max_memory_allocated() - before
-    return out
-# LITERALINCLUDE END: TIMING MEASURE
 
 
 def fit(measured: dict, traces: dict, base: DeviceProfile, parameters: dict,
@@ -178,6 +120,20 @@ def _trace_json(data: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def workload_names(spec: str | None, device: str | None = None) -> list[str]:
+    """The workloads a ``--workloads`` value names: a comma-separated list, ``classes`` (the kernel-class
+    set, :mod:`.class_workloads`), ``all`` (both sets); by default the standard set (the CPU's with
+    ``--measure cpu``)."""
+    classes = list(workloads.class_workloads())
+    if not spec:
+        return list(CPU_WORKLOADS if device == "cpu" else workloads.WORKLOADS)
+    if spec == "classes":
+        return classes
+    if spec == "all":
+        return [*workloads.WORKLOADS, *classes]
+    return spec.split(",")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m torch_openreg.timing.calibrate",
                                      description="Fit a device profile to measured times of the standard workloads.")
@@ -187,15 +143,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", default=None, help="the profile to start from (default: h100-sxm; "
                         "the CPU template with --measure cpu)")
     parser.add_argument("--output", metavar="JSON", help="write the fitted profile there")
-    parser.add_argument("--workloads", help="comma-separated names (default: the whole set)")
+    parser.add_argument("--workloads", help="comma-separated names, 'classes' (the kernel-class set) or 'all' "
+                        "(default: the standard set)")
     parser.add_argument("--small", action="store_true", help="the workloads' small sizes (quick; for tests)")
     parser.add_argument("--traces", metavar="JSON", help="read the openreg traces from there instead of tracing")
     parser.add_argument("--trace", metavar="JSON", help="only trace the set on openreg and write the traces there")
+    parser.add_argument("--measure-only", action="store_true", help="with --measure: only measure (and save), "
+                        "no openreg traces (the short call on a machine lent for measuring)")
     parser.add_argument("--no-fit", action="store_true", help="only predict the measured figures on the profile "
                         "(run the workloads on openreg and compare: the validation on fresh traces)")
     args = parser.parse_args(argv)
-    names = args.workloads.split(",") if args.workloads else \
-        list(CPU_WORKLOADS if args.measure == "cpu" else workloads.WORKLOADS)
+    names = workload_names(args.workloads, args.measure)
     base = cpu_template() if args.measure == "cpu" and args.profile is None else \
         openreg.timing.resolve(args.profile or "h100-sxm")
     if args.trace:
@@ -210,17 +168,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.measure:
         if args.measure == "cuda" and not torch.cuda.is_available():
             parser.error("--measure cuda needs a CUDA device")
-        measured = {name: measure(name, args.measure, args.small) for name in names}
-        if args.save_measurements:
-            with open(args.save_measurements, "w") as f:
-                json.dump({"how": f"python -m torch_openreg.timing.calibrate --measure {args.measure}",
-                           "workloads": measured}, f, indent=1)
+        measured = measure_all(names, args.measure, args.small, args.save_measurements)
+        if args.measure_only:
+            return 0
     elif args.measurements:
         measured = {n: w for n, w in arithmetic.load_measurements(args.measurements).items() if n in names}
     else:
         parser.error("give a measurement file, or --measure cuda|cpu")
     traces = arithmetic.load_traces(args.traces) if args.traces else \
-        {name: trace(name, base, args.small) for name in measured if name in workloads.WORKLOADS}
+        {name: trace(name, base, args.small) for name in measured if name in workload_names("all")}
     parameters = CPU_PARAMETERS if args.measure == "cpu" else arithmetic.PARAMETERS
     if args.no_fit:
         profile = base

@@ -61,6 +61,7 @@ _DTYPES = {
     **{d: "float8" for d in (torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e4m3fnuz, torch.float8_e5m2fnuz)},
 }
 _NUMBERS = (bool, int, float, complex)
+_BY_FORMULA = ("matrix", "conv", "attention", "attention_backward", "copy")  # FLOPs from a formula or none
 _CACHE_SIZE = 8192
 _cache: dict[tuple, Cost | None] = {}
 _names: dict[torch._ops.OpOverload, str] = {}
@@ -73,7 +74,7 @@ def kind_of(op: torch._ops.OpOverload) -> str:
     if base in MATRIX:
         return "matrix"
     if base in ATTENTION:
-        return "attention"
+        return "attention_backward" if base.endswith("_backward") else "attention"
     if base in CONV:
         return "conv"
     if name in COPY or base in COPY:
@@ -172,6 +173,10 @@ def estimate(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Cost:
     except Exception:  # noqa: BLE001 - no meta kernel or data-dependent shapes: priced by its inputs
         meta_args = None
     mutated, written_only = _mutated(op, args, kwargs)
+    if base in formulas.FUSED_OPTIMIZERS and kwargs.get("grad_scale") is None and len(args) > 1:
+        # the schema marks the gradients written for the grad scaler's unscale; without one they are only read
+        grads = _tensors(args[1])
+        mutated = [t for t in mutated if not any(t is g for g in grads)]
     inputs = [t for t in inputs if not any(t is w for w in written_only)]  # an ``out=`` tensor is only written
     aliased = any(r.alias_info is not None for r in op._schema.returns)  # returns what it wrote: counted there
     outputs = [] if aliased or meta_args is None else _tensors(result)
@@ -182,6 +187,10 @@ def estimate(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Cost:
                                                                  "_transformer_encoder_layer_fwd") else None
     if fused is not None:
         return dataclasses.replace(fused, bytes=max(fused.bytes, nbytes), host="library")
+    if base in formulas.NORM_BACKWARDS and len(inputs) >= 2 and outputs:
+        return formulas.norm_backward(inputs, outputs, dtype)
+    if base in formulas.EMBEDDING_BACKWARDS and outputs:
+        return formulas.embedding_backward(inputs, outputs, dtype)
     flops, formula = 0.0, False
     from torch.utils import flop_counter  # imported on first use, not at ``import torch``
 
@@ -191,7 +200,7 @@ def estimate(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Cost:
             flops, formula = float(formula_fn(*meta_args, out_val=result, **meta_kwargs)), True
         except Exception:  # noqa: BLE001 - a formula that cannot read these arguments: counted below
             flops, formula = 0.0, False
-    if not formula and kind not in ("matrix", "conv", "attention", "copy") and (outputs or mutated or inputs):
+    if not formula and kind not in _BY_FORMULA and (outputs or mutated or inputs):
         # elementwise, reductions, normalizations, sorts: PER_ELEMENT operations per element written
         # (or read, for a reduction to a few values)
         written = sum(t.numel() for t in (*outputs, *mutated)) or sum(t.numel() for t in inputs)
@@ -206,8 +215,9 @@ def estimate(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Cost:
     lists = [a for a in args if isinstance(a, (list, tuple)) and a and isinstance(a[0], torch.Tensor)]
     tensors = len(lists[0]) if name.startswith(("_foreach_", "_fused_")) and lists else 0
     host = "library" if base in formulas.LIBRARY else "op"
-    return Cost(kind, flops, float(nbytes), dtype, shape=shape, formula=formula, host=host, tensors=tensors,
+    cost = Cost(kind, flops, float(nbytes), dtype, shape=shape, formula=formula, host=host, tensors=tensors,
                 scratch=scratch)
+    return formulas.multi_tensor(cost, lists) if tensors else cost
 # LITERALINCLUDE END: TIMING PRICE OP
 
 

@@ -9,6 +9,7 @@ Where PyTorch has the formula (``torch.utils.flop_counter``: ``sdpa_flop_count``
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import torch
@@ -44,6 +45,86 @@ LIBRARY = {  # the attention dispatcher selects a backend and checks its inputs 
 }
 
 
+# Normalization backwards run two passes over the gradient and the input on a GPU: the statistics'
+# gradients (layer norm: gamma/beta's column sums; batch and group norm: the per-channel sums that dX
+# needs), then dX. PyTorch's CUDA kernels: LayerNormBackwardKernelImpl (grad-input and GammaBeta
+# kernels), batch_norm_backward_reduce + batch_norm_backward_elemt, GroupNormBackwardKernelImpl.
+NORM_BACKWARDS = {"native_layer_norm_backward", "native_batch_norm_backward", "native_group_norm_backward",
+                  "_fused_rms_norm_backward"}
+
+
+def norm_backward(inputs: list, outputs: list, dtype: str) -> Cost:
+    """A normalization backward as its two passes: a reduction reading the gradient and the input, then
+    the elementwise pass reading them again (and the statistics) and writing the input's gradient."""
+    grad, x = inputs[0], inputs[1]
+    both = nbytes([grad, x])
+    rest = nbytes(inputs[2:]) + nbytes(outputs)
+    elements = float(x.numel())
+    reduce = Cost("reduction", 4.0 * elements, both, dtype, formula=True)
+    apply = Cost("normalization", 8.0 * elements, both + rest, dtype, formula=True)
+    return combined((reduce, apply))
+
+
+EMBEDDING_BACKWARDS = {"embedding_dense_backward", "embedding_backward"}
+
+
+def embedding_backward(inputs: list, outputs: list, dtype: str) -> Cost:
+    """``embedding_dense_backward`` as PyTorch's CUDA kernel runs it: a radix sort of the indices (with
+    their positions) over the bits the vocabulary needs, then a segmented sum of the gradient's rows into
+    the table's gradient, which is written whole (zeros where no index points)."""
+    grad = next((t for t in inputs if t.is_floating_point()), None)
+    indices = next((t for t in inputs if not t.is_floating_point()), None)
+    table = outputs[0] if outputs else None
+    if grad is None or indices is None or table is None:
+        return Cost("reduction", 0.0, nbytes(inputs) + nbytes(outputs), dtype, formula=True)
+    bits = max(1, math.ceil(math.log2(max(table.shape[0], 2))))
+    passes = math.ceil(bits / 8)
+    pairs = float(indices.numel() * (indices.element_size() + 8))  # key and position, read and written
+    sort = Cost("sort", 0.0, passes * 2 * pairs, dtype, formula=True)
+    reduce = Cost("reduction", float(grad.numel()), nbytes([grad]) + pairs + nbytes([table]), dtype, formula=True)
+    return combined((sort, reduce))
+
+
+# PyTorch's multi_tensor_apply (ATen/native/cuda/MultiTensorApply.cuh), which _foreach_ and fused optimizer
+# kernels use: one block of 512 threads per chunk of 65536 elements, each thread loading 4 elements of each
+# list per round (so 32 rounds per chunk, each waiting for memory), at most 320 blocks and
+# depth_to_max_tensors[depth - 1] tensors per launch.
+CHUNK, BLOCK_THREADS, ILP, MAX_BLOCKS = 65536, 512, 4, 320
+FUSED_OPTIMIZERS = {"_fused_adam", "_fused_adamw", "_fused_sgd", "_fused_adagrad"}
+MAX_TENSORS = (110, 64, 48, 36, 30)
+
+
+def multi_tensor(cost: Cost, lists: list) -> Cost:
+    """``cost`` (a whole multi-tensor call) as the launches multi_tensor_apply makes: each with its chunks'
+    share of the bytes and FLOPs, and its grid (blocks, rounds per block, blocks resident per unit), so
+    a short list of small tensors pays the memory latency its few blocks cannot hide."""
+    first = [t for t in lists[0] if isinstance(t, torch.Tensor)]
+    depth = min(max(len(lists), 1), len(MAX_TENSORS))
+    chunks = [max(1, math.ceil(t.numel() / CHUNK)) for t in first if t.numel()]
+    if not chunks:
+        return cost
+    launches, blocks, tensors = [], 0, 0
+    for n in chunks:  # fill a launch until its blocks or tensors run out, as multi_tensor_apply does
+        blocks, tensors = blocks + n, tensors + 1
+        while blocks >= MAX_BLOCKS:
+            launches.append(MAX_BLOCKS)
+            blocks -= MAX_BLOCKS
+        if tensors == MAX_TENSORS[depth - 1] and blocks:
+            launches.append(blocks)
+            blocks, tensors = 0, 0
+    if blocks:
+        launches.append(blocks)
+    total = sum(launches)
+    # a block's rounds: its chunk's elements over what its threads load per round (32 for a full chunk)
+    rounds = max(math.ceil(min(t.numel(), CHUNK) / (BLOCK_THREADS * ILP)) for t in first if t.numel())
+    resident = 2048 // BLOCK_THREADS  # threads per SM on NVIDIA GPUs since Volta
+    parts = tuple(Cost(cost.kind, cost.flops * b / total, cost.bytes * b / total, cost.dtype, formula=cost.formula,
+                       tensors=cost.tensors, grid=(b, rounds, resident)) for b in launches)
+    if len(parts) == 1:
+        return dataclasses.replace(cost, grid=parts[0].grid)
+    return dataclasses.replace(cost, parts=parts)
+
+
 def nbytes(tensors) -> float:
     return float(sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor)))
 
@@ -70,8 +151,8 @@ def traffic(base: str, inputs: list, outputs: list, mutated: list) -> float:
         return nbytes(rest) + 2 * min(nbytes([target]), nbytes(rest))
     if base in SORTS and inputs:
         return radix_passes(inputs[0]) * (nbytes(inputs) + nbytes(outputs))
-    if base in SELECTS and inputs:
-        return radix_passes(inputs[0]) * nbytes(inputs[:1]) + nbytes(outputs)
+    if base in SELECTS and inputs:  # the digit passes, then one more to gather the selected values
+        return (radix_passes(inputs[0]) + 1) * nbytes(inputs[:1]) + nbytes(outputs)
     return nbytes(inputs) + nbytes(outputs) + nbytes(mutated)
 
 
@@ -94,7 +175,10 @@ def attention(name: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tens
         flops = flop_counter.sdpa_backward_flop_count(qs[:3] + (vs[3],), qs, ks, vs)
     else:
         flops = flop_counter.sdpa_flop_count(qs, ks, vs)
-    return Cost("attention", float(flops), nbytes(tensors), dtype, formula=True, host="library")
+    # (batch x heads, queries, keys, head_dim): the scores the softmax exponentiates (backward: again)
+    shape = (qs[0] * qs[1], qs[2], ks[2], qs[3])
+    return Cost("attention_backward" if backward else "attention", float(flops), nbytes(tensors), dtype,
+                shape=shape, formula=True, host="library")
 # LITERALINCLUDE END: TIMING ATTENTION
 
 
@@ -128,7 +212,8 @@ def fused_layer(base: str, args: tuple, dtype: str) -> Cost | None:
 
     parts = [_mm(tokens, e, e, dtype, size), _mm(memory, 2 * e, e, dtype, size),
              Cost("attention", float(flop_counter.sdpa_flop_count(qs, ks, ks)),
-                  float((2 * tokens * e + 2 * memory * e) * size), dtype, formula=True, host="library"),
+                  float((2 * tokens * e + 2 * memory * e) * size), dtype, shape=(b * int(heads), length, s, head_dim),
+                  formula=True, host="library"),
              _mm(tokens, e, e, dtype, size)]
     if ffn is not None:
         f = ffn.shape[0]

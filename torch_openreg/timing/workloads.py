@@ -128,8 +128,20 @@ WORKLOADS: dict[str, Callable[[str, bool], Step]] = {
 # LITERALINCLUDE END: TIMING WORKLOADS
 
 
+def class_workloads() -> dict[str, Callable[[str, bool], Step]]:
+    """The kernel-class set (:mod:`.class_workloads`; also when this file runs outside its package)."""
+    if __package__:
+        from .class_workloads import CLASS_WORKLOADS
+    else:
+        from class_workloads import CLASS_WORKLOADS
+    return CLASS_WORKLOADS
+
+
 def build(name: str, device: str, small: bool = False) -> Step:
-    """The step of workload ``name`` with its tensors on ``device``."""
-    if name not in WORKLOADS:
-        raise ValueError(f"unknown workload {name!r}; the standard set: {', '.join(WORKLOADS)}")
-    return WORKLOADS[name](device, small)
+    """The step of workload ``name`` (the standard set's, or :mod:`.class_workloads`') on ``device``."""
+    CLASS_WORKLOADS = class_workloads()
+    known = {**WORKLOADS, **CLASS_WORKLOADS}
+    if name not in known:
+        raise ValueError(f"unknown workload {name!r}; the standard set: {', '.join(WORKLOADS)}; "
+                         f"the kernel classes: {', '.join(CLASS_WORKLOADS)}")
+    return known[name](device, small)
