@@ -474,3 +474,32 @@ print(sorted(pytorch_compat.install()))  # a second install defines nothing
     done = run_python(code, timeout=300)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+# test_torch.test_strides_propagation: an empty out= argument that a pointwise operator resizes takes the strides
+# the CPU's TensorIterator gives the inputs' layout (the meta kernels, torch._refs, made it contiguous).
+def test_a_resized_out_argument_takes_the_cpus_strides():
+    from itertools import permutations
+
+    x = torch.randn(2, 3, 4)[:, :, ::2]
+    d = x.to("openreg")[:, :, :]
+    for p in permutations(range(3)):
+        xp, dp = x.permute(p), d.permute(p)
+        y = torch.randn(xp.size(-1))
+        for a, b, da, db in ((xp, xp, dp, dp), (xp, y, dp, y.to("openreg")), (y, xp, y.to("openreg"), dp)):
+            expected = torch.mul(a, b, out=torch.empty(0))
+            got = torch.mul(da, db, out=torch.empty(0, device="openreg"))
+            assert got.stride() == expected.stride(), p
+            torch.testing.assert_close(got.cpu(), expected)
+
+
+# test_torch.test_params_invalidated_with_grads_invalidated_between_unscale_and_step: ``grad.copy_(torch.inf)``.
+# A Python number passed to copy_ is a wrapped number, which reaches a Python kernel as a number.
+@pytest.mark.parametrize("value", [float("inf"), float("nan"), 3, True, 2.5])
+def test_copy_of_a_number_fills_as_on_the_cpu(value):
+    for dtype in (torch.float32, torch.float16, torch.int64, torch.bool):
+        if dtype in (torch.int64, torch.bool) and value != value or value == float("inf") and dtype != torch.float32:
+            continue
+        expected = torch.zeros(2, 3, dtype=dtype).copy_(value)
+        got = torch.zeros(2, 3, dtype=dtype, device="openreg").copy_(value)
+        torch.testing.assert_close(got.cpu(), expected, equal_nan=True)

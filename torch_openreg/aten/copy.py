@@ -76,6 +76,10 @@ def _check_partial_overlap(src: torch.Tensor, dst: torch.Tensor) -> None:
         raise RuntimeError(_OVERLAP_ERRORS[1])
 
 
+# The dtypes of PyTorch's wrapped numbers (a Python number passed where a Tensor goes): what copy_ converts from.
+_WRAPPED_NUMBERS = {bool: torch.bool, int: torch.int64, float: torch.float64, complex: torch.complex128}
+
+
 # LITERALINCLUDE START: COPY FROM
 def copy_from(src: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
     """``aten::_copy_from``: copy ``src`` into ``dst`` where either side is openreg.
@@ -84,6 +88,8 @@ def copy_from(src: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False) 
     alias of its storage (``_C._cpu_alias``), which keeps the host buffer alive until the copy has
     run and carries no autograd state (``dst`` may be a tensor autograd already tracks).
     """
+    if not isinstance(src, torch.Tensor):  # ``t.copy_(float("inf"))``: a wrapped number reaches Python as a number
+        src = torch.tensor(src, dtype=_WRAPPED_NUMBERS[type(src)])
     if openreg.timing.pricing:  # the timing model prices the copy's launch (torch_openreg/timing)
         timing_costs.price_copy(src, dst, non_blocking)
     to_device = dst.get_device() >= 0

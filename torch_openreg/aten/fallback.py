@@ -123,10 +123,20 @@ def decide(op: torch._ops.OpOverload, traits: OpTraits, args: tuple, kwargs: dic
     call = Call(op, traits, args, kwargs, given, tensors, device, key, route)
     if route is not Route.NOW:
         call.meta = _path.meta_outputs(call)
-        if call.meta is NO_META:  # no meta kernel, data-dependent output shapes, a check that needs the data
+        # No meta kernel, data-dependent output shapes, a check that needs the data; or an out= argument the call
+        # resizes, whose strides the CPU's TensorIterator takes from the inputs where the meta kernels (torch._refs)
+        # make it contiguous: the CPU kernel decides.
+        if call.meta is NO_META or (traits.out_args and _resizes_out(call)):
             call.route = Route.NOW
             _remember(call, Route.NOW)  # per call shape: x[mask] runs now, x[i] stays queued
     return call
+
+
+def _resizes_out(call: Call) -> bool:
+    metas = [call.meta] if len(call.traits.returns) == 1 else list(call.meta or ())
+    return any(isinstance(m, torch.Tensor) and real.size() != m.size() and m.numel() > 1
+               for ret, meta in zip(call.traits.returns, metas) if ret.kind is Kind.INPLACE
+               for real, m in pairs(call.traits.value(call.args, call.kwargs, ret.arg), meta))
 
 
 _routes: dict[tuple, Route] = {}  # (op, call shape) -> its route, once decided
