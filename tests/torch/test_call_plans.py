@@ -88,6 +88,33 @@ def test_a_functional_kernel_runs_its_plan(meta_runs):
         meta_runs.clear()
 
 
+def test_in_place_lists_and_absent_outputs_run_their_plans(meta_runs):
+    """An optimizer's in-place list operators (no return, no out=) and a convolution backward that leaves its
+    bias gradient out (None) run plans after their first call: a training step takes no general path."""
+    params = [torch.randn(3, 4), torch.randn(5)]
+    grads = [torch.randn(3, 4), torch.randn(5)]
+    dparams, dgrads = [p.to(DEV) for p in params], [g.to(DEV) for g in grads]
+    x, w, gy = torch.randn(1, 3, 6, 6), torch.randn(2, 3, 3, 3), torch.randn(1, 2, 4, 4)
+    backward = torch.ops.aten.convolution_backward.default
+    args = ([1, 1], [0, 0], [1, 1], False, [0, 0], 1, [True, True, False])
+    for step in range(3):
+        torch._foreach_add_(params, grads, alpha=-0.1)
+        torch._foreach_add_(dparams, dgrads, alpha=-0.1)
+        torch._foreach_mul_(params, 0.9 + step)
+        torch._foreach_mul_(dparams, 0.9 + step)
+        expected = backward(gy, x, w, None, *args)
+        got = backward(gy.to(DEV), x.to(DEV), w.to(DEV), None, *args)
+        assert got[2] is None and expected[2] is None
+        for g, e in zip(got[:2], expected[:2]):
+            torch.testing.assert_close(g.cpu(), e)
+        if step == 0:
+            assert {torch.ops.aten._foreach_add_.List, torch.ops.aten._foreach_mul_.Scalar, backward} <= set(meta_runs)
+            meta_runs.clear()
+    assert meta_runs == []  # the second and third steps: plans only
+    for p, d in zip(params, dparams):
+        torch.testing.assert_close(d.cpu(), p)
+
+
 def test_numbers_of_one_shape_but_other_values_or_types_get_their_own_results():
     x = torch.arange(6.0, device=DEV)
     for number in (2, 3, 2.0, 2.5, True, False, 2, 3):

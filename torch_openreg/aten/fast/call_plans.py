@@ -3,7 +3,7 @@
 Everything the fallback works out for a call (the outputs' metadata, the kernel, whether a loss needs
 scratch space, the tensors Python numbers in ``Tensor`` positions become) depends only on its call
 shape, and a training loop repeats the same calls every step. For an operator that writes through
-an ``out=`` kernel or returns only fresh tensors, the first clean call of a shape leaves a plan
+an ``out=`` kernel, returns only fresh tensors, or writes in place, the first clean call of a shape leaves a plan
 under its call shape. The next call with that shape is described in one call into the bridge
 (``csrc/call_args.cpp``: the call shape, host views, CPU scalars read at the call, the extents a
 launch names) and runs the plan: no meta run, no walk over the arguments in Python.
@@ -90,8 +90,27 @@ class GivenOut(Plan):
         return outs, OutKernel(self.traits.name, self.op, host_args, host_kwargs, self.traits.out_args, self.scratch)
 
 
+class InPlace(Plan):
+    """An operator that writes its arguments in place (``_foreach_add_``, ``_foreach_mul_``) and returns them or
+    nothing: its CPU kernel, run on the host views, writes them."""
+
+    __slots__ = ()
+
+    def __init__(self, call: Call, wrapped: tuple, metas: list, out: None) -> None:
+        super().__init__(call, wrapped)
+        traits = call.traits
+        for ret, m in zip(traits.returns, metas):
+            for real, mm in pairs(traits.value(call.args, call.kwargs, ret.arg), m):
+                self.cacheable &= match(real, mm)  # a resize depends on more than the call shape: not remembered
+
+    def prepare(self, host_args, host_kwargs, extents, args, kwargs) -> tuple[list, OutKernel]:
+        outs = [self.traits.value(args, kwargs, ret.arg) for ret in self.traits.returns]
+        return outs, OutKernel(self.traits.name, self.op, host_args, host_kwargs, (), False)
+
+
 class Served(Plan):
-    """A functional operator's own kernel, its outputs' allocations served from device memory."""
+    """A functional operator's own kernel, its outputs' allocations served from device memory (an output
+    the call leaves out, as ``convolution_backward``'s ``output_mask`` does, is None)."""
 
     __slots__ = ("metas", "shape")
 
@@ -103,6 +122,9 @@ class Served(Plan):
     def prepare(self, host_args, host_kwargs, extents, args, kwargs) -> tuple[list, ServedKernel]:
         outs, targets = [], []
         for i, m in enumerate(self.metas):
+            if m is None:
+                outs.append(None)
+                continue
             out, view, where = _C._empty_like_meta(m, self.index)
             outs.append(out)
             targets.append((i, view))
@@ -123,7 +145,7 @@ class _OpPlans:
 
 def _plans_of(op: torch._ops.OpOverload) -> _OpPlans | None:
     """The operator's plans; None for an operator that never has any (it needs more than its arguments:
-    a generator, a ``device``; or the CPU decides its outputs; or it writes in place)."""
+    a generator, a ``device``; or the CPU decides its outputs)."""
     entry = _ops.get(op, _MISSING)
     if entry is _MISSING:
         traits = traits_of(op)
@@ -137,6 +159,8 @@ def _plans_of(op: torch._ops.OpOverload) -> _OpPlans | None:
                 entry = _OpPlans(traits, GivenOut, None)
             elif traits.functional:
                 entry = _OpPlans(traits, Served, None)
+            elif traits.mutates and not traits.out_args and all(r.kind is Kind.INPLACE for r in traits.returns):
+                entry = _OpPlans(traits, InPlace, None)
         _ops[op] = entry
     return entry
 
@@ -203,7 +227,8 @@ def _plan(entry: _OpPlans, call: Call) -> Plan | None:
     """The plan of a call the mechanism has decided; None when an output is absent (the mechanism runs it)."""
     traits = call.traits
     metas = [call.meta] if len(traits.returns) == 1 else list(call.meta or ())
-    if entry.kind is not GivenOut and any(not isinstance(m, torch.Tensor) for m in metas):
+    if entry.kind is Served and any(m is not None and not isinstance(m, torch.Tensor) for m in metas) or \
+            entry.kind is ThroughOutOverload and any(not isinstance(m, torch.Tensor) for m in metas):
         return None
     numbers = [i for i in traits.tensor_args if isinstance(traits.value(*call.given, i), _NUMBERS)]
     plan = entry.kind(call, tuple((i, call.args[i]) for i in numbers if i < len(call.args)), metas, entry.out)
