@@ -59,20 +59,18 @@ def memcpy_async(dst: int, src: int, nbytes: int, kind: MemcpyKind, stream: Stre
     """Queue a copy of ``nbytes`` on ``stream`` (default: current stream of the device side)."""
     default, buffers, writes = _check(dst, src, nbytes, kind)
     if nbytes:
-        cost = _cost(nbytes, kind) if timing.active else None
         view = memory.view_address  # the copy runs on the device's side: through the views
         (stream or default).launch(ctypes.memmove, view(dst), view(src), nbytes, buffers=buffers, writes=writes,
-                                   name="memcpy", cost=cost)
+                                   name="memcpy", cost=lambda: _cost(nbytes, kind))  # (priced while timing is on)
 
 
 def memcpy(dst: int, src: int, nbytes: int, kind: MemcpyKind) -> None:
     """Copy and wait for the copy (and the work queued before it on that stream)."""
     stream, buffers, writes = _check(dst, src, nbytes, kind)
     if nbytes:
-        cost = _cost(nbytes, kind) if timing.active else None
         view = memory.view_address
         seq = stream.launch(ctypes.memmove, view(dst), view(src), nbytes, buffers=buffers, writes=writes,
-                            name="memcpy", cost=cost)
+                            name="memcpy", cost=lambda: _cost(nbytes, kind))
         stream.wait_for(seq)
         stream.check_error()
 # LITERALINCLUDE END: RUNTIME MEMCPY

@@ -37,12 +37,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from . import memory, settings
+from . import hooks, memory, settings
 from .errors import ErrorCode, OpenRegError
 
 # LITERALINCLUDE START: SANITIZER SWITCH
-# ``OPENREG_STREAM_SANITIZER`` (read in openreg/settings.py) sets the start. ``enabled`` is read on every launch
-# and synchronization: while it is False the sanitizer costs one test of a module attribute.
+# ``OPENREG_STREAM_SANITIZER`` (read in openreg/settings.py) sets the start. While it is on, the sanitizer's
+# launch hook (below) sees every launch and synchronization; while it is off, the hook is not registered.
 enabled: bool = settings.STREAM_SANITIZER
 
 
@@ -54,12 +54,14 @@ def enable() -> None:
             reset()
             enabled = True
             memory.add_free_hook(forget)
+            hooks.add(_hook)
 
 
 def disable() -> None:
     """Stop checking (what was recorded is forgotten at the next :func:`enable`)."""
     global enabled
     enabled = False
+    hooks.remove(_hook)
     memory.remove_free_hook(forget)
 
 
@@ -539,5 +541,34 @@ def _format(stack: tuple) -> list[str]:
     return lines
 
 
+# LITERALINCLUDE START: SANITIZER HOOK
+class _Hook(hooks.LaunchHook):
+    """The sanitizer on the launch path: it checks each launch and learns the order the program makes."""
+
+    order = 10  # before the profiler tags a launch: a racing launch is refused before anything records it
+
+    def check(self, q: Any, item: Any, buffers: Any, writes: Any, host: bool) -> None:
+        race = launch(q, buffers, writes, item.name, item.fn, item.args, host=host)
+        if race is not None:
+            raise race
+
+    def host_waited(self, q: Any, seq: int) -> None:
+        host_waits(q, seq)
+
+    def stream_wait(self, stream: Any, event: Any) -> bool:
+        stream_waits(stream._q, event._clock)  # ordered even when the event's work is done: CUDA promises no less
+        return False
+
+    def event_recorded(self, event: Any, stream: Any) -> None:
+        event._clock = record(stream._q, event._seq)
+
+    def event_waited(self, event: Any) -> None:
+        host_joins(event._clock)
+
+
+_hook = _Hook()
+# LITERALINCLUDE END: SANITIZER HOOK
+
 if enabled:  # on from the start (OPENREG_STREAM_SANITIZER=1): frees are reported from the first one
     memory.add_free_hook(forget)
+    hooks.add(_hook)
