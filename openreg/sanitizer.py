@@ -37,7 +37,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from . import hooks, memory, settings
+from . import bounded, hooks, memory, settings
 from .errors import ErrorCode, OpenRegError
 
 # LITERALINCLUDE START: SANITIZER SWITCH
@@ -196,15 +196,14 @@ LIBRARY, INSTALLED, OWN = 0, 1, 2
 # code object: a code object can carry a framework's caches (TorchDynamo keeps its compiled graphs, and the
 # tensors they hold, in the code's extra data), and holding it would keep those alive.
 _kinds: dict[str, int] = {}
+_KINDS_SIZE = (1 << 16) + 1
 
 
 def _kind(path: str) -> int:
     kind = _kinds.get(path)
-    if kind is None:
-        if len(_kinds) > 1 << 16:  # generated code comes and goes: keep the cache bounded
-            _kinds.clear()
+    if kind is None:  # (generated code comes and goes: the cache is bounded)
         kind = LIBRARY if path.startswith(_library) else INSTALLED if path.startswith(_installed) else OWN
-        _kinds[path] = kind
+        bounded.put(_kinds, path, kind, _KINDS_SIZE)
     return kind
 
 

@@ -24,7 +24,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from . import activity, hooks, memory, slots, timing
+from . import activity, hooks, slots, timing
 from .device import check_device, device_count, get_device, start
 from .errors import ErrorCode, OpenRegError
 from .worker import PRIORITY_HIGH, PRIORITY_LOW, _Item, _Queue, report, set_kernel_context
@@ -80,29 +80,14 @@ class Stream:
                 if seq is not None:
                     return seq
         try:
-            item = self._item(fn, args, buffers, name, writes, False)
+            item = self._q.enqueue(fn, args, buffers, name, writes)
         except BaseException:
             fn = args = None  # this frame stays in the traceback: not with the kernel's arguments
             raise
-        self._q.enqueue(item)
         if hooks.queued:  # the timing model prices it; launch blocking waits for it
             for hook in hooks.queued:
                 hook(self, item, buffers, cost)
         return item.seq
-
-    def _item(self, fn: Callable[..., Any], args: tuple, buffers: tuple | list, name: str,
-              writes: tuple | list | None, host: bool) -> _Item:
-        """The launch's item, its buffers pinned and the launch checked by the hooks (the sanitizer may refuse it)."""
-        item = _Item(fn, args, memory.acquire(buffers) if buffers else [], name, 0)
-        if hooks.check:  # the stream sanitizer (a launch that races raises); the profiler's tag
-            try:
-                for hook in hooks.check:
-                    hook(self._q, item, buffers, writes, host)
-            except BaseException:
-                memory.release(item.spans)
-                item.fn = item.args = fn = args = None  # this frame stays in the traceback: not the kernel's arguments
-                raise
-        return item
     # LITERALINCLUDE END: STREAM LAUNCH
 
     # LITERALINCLUDE START: STREAM RUN HERE
@@ -120,12 +105,10 @@ class Stream:
         q = self._q
         self.refuse_in_capture(name)
         try:
-            item = self._item(fn, args, buffers, name, writes, host_sync)
+            item = q.enqueue(fn, args, buffers, name, writes, threading.get_ident(), host_sync)
         except BaseException:
             fn = args = None  # this frame stays in the traceback: not with the kernel's arguments
             raise
-        item.owner = threading.get_ident()
-        q.enqueue(item)
         if hooks.queued:
             for hook in hooks.queued:
                 hook(self, item, buffers, cost)
@@ -150,7 +133,9 @@ class Stream:
         """Run a copy engine's transfer ``fn(*args)`` now, on the calling thread (the caller has waited for
         the stream's earlier work): no kernel, but profilers and utilization see it as this stream's
         activity, as CUPTI reports a ``cudaMemcpy``."""
-        item = self._item(fn, args, (), name, (), True)
+        item = _Item(fn, args, [], name, 0)
+        for hook in hooks.check:  # the profiler's tag (a transfer names no buffers: the sanitizer checks nothing)
+            hook(self._q, item, (), (), True)
         started = time.perf_counter_ns()
         try:
             return fn(*args)

@@ -92,22 +92,35 @@ class _Queue:
         self.priority = PRIORITY_LOW  # its stream's: which worker takes the next free slot (openreg/slots.py)
 
     # LITERALINCLUDE START: STREAM ENQUEUE
-    def enqueue(self, item: _Item) -> int:
-        """Append ``item`` (its sequence number given here) and see that someone will run it: the worker,
-        started on the first launch and woken from a deep sleep; an item for ``run_here`` waits for its owner."""
+    def enqueue(self, fn: Callable[..., Any], args: tuple, buffers: tuple | list, name: str,
+                writes: tuple | list | None, owner: int = 0, host: bool = False) -> _Item:
+        """Queue ``fn(*args)`` (``Stream.launch``, and ``Stream.run_here`` for its ``owner`` thread): pin its
+        buffers, let the launch hooks check it (the sanitizer may refuse it), append it with the next sequence
+        number, and see that someone will run it: the worker, started on the first launch and woken from a
+        deep sleep; an item for ``run_here`` waits for its owner."""
+        item = _Item(fn, args, memory.acquire(buffers) if buffers else [], name, 0)
+        item.owner = owner
+        if hooks.check:  # the stream sanitizer (a launch that races raises); the profiler's tag
+            try:
+                for hook in hooks.check:
+                    hook(self, item, buffers, writes, host)
+            except BaseException:
+                memory.release(item.spans)
+                item.fn = item.args = fn = args = None  # this frame stays in the traceback: not the kernel's arguments
+                raise
         with self.lock:  # the conditions' lock, taken directly: cheaper than entering a Condition
             self.launched += 1
-            item.seq = seq = self.launched
+            item.seq = self.launched
             self.items.append(item)
             self.last_launch = time.monotonic()
-            if not item.owner:
+            if not owner:
                 if self.worker is None:
                     self.worker = threading.Thread(target=self.serve, name=f"openreg:{self.device} stream {self.id}",
                                                    daemon=True)
                     self.worker.start()
                 if self.idle:
                     self.wake.notify()
-        return seq
+        return item
     # LITERALINCLUDE END: STREAM ENQUEUE
 
     # LITERALINCLUDE START: STREAM RUN

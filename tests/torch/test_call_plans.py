@@ -140,7 +140,7 @@ def test_a_plan_runs_on_the_device_of_its_arguments(two_devices):
 
 
 def test_the_plan_table_is_bounded(monkeypatch, fallback_fast):
-    monkeypatch.setattr(call_plans, "_PLANS_SIZE", 4)
+    monkeypatch.setattr(call_plans._bound, "size", 4)
     for n in range(1, 12):
         x = torch.arange(float(n), device=DEV)
         torch.testing.assert_close((x + x).cpu(), 2 * torch.arange(float(n)))

@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 import openreg
+from openreg import bounded
 from torch_openreg import _C, sync_debug
 from torch_openreg.timing import costs as timing_costs
 
@@ -135,9 +136,7 @@ _ROUTES_SIZE = 8192
 
 def _remember(call: Call, route: Route) -> None:
     if call.key is not None:
-        if len(_routes) >= _ROUTES_SIZE:
-            _routes.clear()
-        _routes[(call.op, call.key)] = route
+        bounded.put(_routes, (call.op, call.key), route, _ROUTES_SIZE)
 
 
 def host_args(call: Call) -> tuple[tuple, dict]:
@@ -233,8 +232,8 @@ class CopyKernel:
     unless it shares memory with an input (``x.mul_(2)`` arrives as ``mul.out(x, 2, out=x)``): then
     the kernel writes it in place, as the CPU's does, overlaps and all.
     A class, not a closure: a closure is a function and one cell per captured name, all of which the
-    cyclic garbage collector walks while the launch is queued (with a thousand launches queued,
-    collections doubled the cost of a launch).
+    cyclic garbage collector walks while the launch is queued (docs/performance.md, "Few objects per
+    queued launch").
     """
 
     __slots__ = ("op", "args", "kwargs", "targets", "nreturns")

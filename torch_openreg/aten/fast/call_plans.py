@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from openreg import bounded
 from torch_openreg import _C
 
 from ..arguments import global_state, tensors_of
@@ -117,7 +118,7 @@ class _OpPlans:
     __slots__ = ("traits", "numbers_by_type", "placed", "kind", "out", "plans")
 
     def __init__(self, traits: OpTraits, kind: type[Plan], out: tuple | None) -> None:
-        self.traits, self.kind, self.out, self.plans = traits, kind, out, {}
+        self.traits, self.kind, self.out, self.plans = traits, kind, out, _bound.new()
         self.numbers_by_type, self.placed = traits.numbers_by_type, traits.placed
 
 
@@ -143,8 +144,7 @@ def _plans_of(op: torch._ops.OpOverload) -> _OpPlans | None:
 
 _ops: dict[torch._ops.OpOverload, _OpPlans | None] = {}
 _MISSING = object()
-_PLANS_SIZE = 8192
-_plan_count = 0
+_bound = bounded.SharedBound(8192)  # every operator's plans together
 
 
 # LITERALINCLUDE START: RUN KNOWN
@@ -216,14 +216,7 @@ def _plan(entry: _OpPlans, call: Call) -> Plan | None:
 
 def clean(call: Call) -> None:
     """The call shape's first run was clean: keep its plan for the calls to come (the table is bounded)."""
-    global _plan_count
     if call.plan is None or call.key is None:
         return
-    if _plan_count >= _PLANS_SIZE:
-        for other in _ops.values():
-            if other is not None:
-                other.plans.clear()
-        _plan_count = 0
-    _ops[call.op].plans[call.key] = call.plan
-    _plan_count += 1
+    _bound.put(_ops[call.op].plans, call.key, call.plan)
 # LITERALINCLUDE END: PLAN A CALL

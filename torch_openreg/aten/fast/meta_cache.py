@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from openreg import bounded
+
 from ..fallback import Call, meta_run
 
 # LITERALINCLUDE START: META CACHE
@@ -24,13 +26,6 @@ def meta_outputs(call: Call) -> Any:
     key = (call.op, call.key)
     meta = _cache.get(key, _MISSING)
     if meta is _MISSING:
-        meta = meta_run(call)
-        _keep(key, meta)
+        meta = bounded.put(_cache, key, meta_run(call), _SIZE)  # (cleared when full)
     return meta
-
-
-def _keep(key: tuple, meta: Any) -> None:
-    if len(_cache) >= _SIZE:  # simply cleared when full
-        _cache.clear()
-    _cache[key] = meta
 # LITERALINCLUDE END: META CACHE
