@@ -119,8 +119,9 @@ class _Seg:
         self.end, self.write, self.reads, self.freed = end, write, reads if reads is not None else {}, freed
 
 
-class _Stream:
-    """A stream's clock, with its recent history: events and host waits name a launch by its number."""
+class _VectorClock:
+    """A stream's vector clock (for each other stream, the last launch its next launches are ordered after),
+    with its recent history: events and host waits name a launch by its number."""
 
     __slots__ = ("clock", "history")
 
@@ -151,7 +152,7 @@ class Race:
 
 _lock = threading.RLock()
 _serial = itertools.count(1)
-_streams: dict[Key, _Stream] = {}
+_clocks: dict[Key, _VectorClock] = {}  # each stream's
 _host: dict[Key, int] = {}  # the host's clock
 _starts: list[int] = []  # sorted starts of the disjoint ranges in _segs
 _segs: dict[int, _Seg] = {}
@@ -172,7 +173,7 @@ _installed = ("<frozen ", *{os.path.join(os.path.abspath(p), "")  # ("<frozen ru
 def reset() -> None:
     """Forget every access, clock and allocation."""
     with _lock:
-        _streams.clear()
+        _clocks.clear()
         _host.clear()
         _starts.clear()
         _segs.clear()
@@ -237,10 +238,10 @@ def _stack() -> tuple:
     return tuple(kept) if kept else (None, *first)
 
 
-def _state(key: Key) -> _Stream:
-    st = _streams.get(key)
+def _state(key: Key) -> _VectorClock:
+    st = _clocks.get(key)
     if st is None:
-        st = _streams[key] = _Stream()
+        st = _clocks[key] = _VectorClock()
     return st
 
 
