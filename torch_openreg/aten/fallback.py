@@ -184,7 +184,7 @@ def outputs(call: Call) -> list:
         else:
             real = call.traits.value(call.args, call.kwargs, ret.arg)
             for r, mm in ((real, m),) if isinstance(real, torch.Tensor) else zip(real, m):
-                match(r, mm)
+                fit_to(r, mm)
             outs.append(real)
     return outs
 
@@ -197,9 +197,9 @@ def _view_of(base: torch.Tensor, m: torch.Tensor, device: torch.device) -> torch
     return torch._neg_view(view) if base.is_neg() else view
 
 
-def match(real: torch.Tensor, m: torch.Tensor) -> bool:
+def fit_to(real: torch.Tensor, m: torch.Tensor) -> bool:
     """Give an ``out=``/in-place argument the shape and strides the operator gives it (resizing storage);
-    returns whether it already had them."""
+    returns whether it already had them (False: it was resized)."""
     if real.size() != m.size() or (real.numel() > 1 and real.stride() != m.stride()):
         real.set_(real.untyped_storage(), real.storage_offset(), m.size(), m.stride())
         return False
@@ -365,7 +365,7 @@ def _run_now(call: Call) -> Any:
     for name, host in outs.items():
         for real, r in pairs(call.kwargs[name], host):
             if real.size() != r.size():  # as resize_output: an out= of the right shape keeps its strides
-                match(real, r)
+                fit_to(real, r)
             real.copy_(r)
     results = [] if not call.traits.returns else [result] if len(call.traits.returns) == 1 else list(result)
     final = []

@@ -19,7 +19,7 @@ from openreg import bounded
 from torch_openreg import _C
 
 from ..arguments import global_state, tensors_of
-from ..fallback import UNKNOWN, Call, host_args, launch_copy, match, pack, pairs, write_set
+from ..fallback import UNKNOWN, Call, fit_to, host_args, launch_copy, pack, pairs, write_set
 from ..launch import detach_frames, launch_extents
 from ..traits import Kind, OpTraits, traits_of
 from .out_overloads import FunctionalOutKernel, OutKernel, out_overload, reduces
@@ -84,7 +84,7 @@ class GivenOut(Plan):
         self.scratch = reduces(traits, given, call.tensors)
         for ret, m in zip(traits.returns, metas):
             for real, mm in pairs(traits.value(call.args, call.kwargs, ret.arg), m):
-                self.cacheable &= match(real, mm)  # a resize depends on more than the call shape: not remembered
+                self.cacheable &= fit_to(real, mm)  # a resize depends on more than the call shape: not remembered
 
     def prepare(self, host_args, host_kwargs, extents, args, kwargs) -> tuple[list, OutKernel]:
         outs = [self.traits.value(args, kwargs, ret.arg) for ret in self.traits.returns]
