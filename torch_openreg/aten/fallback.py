@@ -206,7 +206,8 @@ def fit_to(real: torch.Tensor, m: torch.Tensor) -> bool:
     return True
 
 
-def pack(results: list) -> Any:
+def as_return(results: list) -> Any:
+    """The operator's return value from its list of results: None, the one result, or a tuple."""
     return None if not results else results[0] if len(results) == 1 else tuple(results)
 # LITERALINCLUDE END: OUTPUTS
 
@@ -257,7 +258,7 @@ def launch_copy(call: Call, check: bool, kernel_type: type[CopyKernel] = CopyKer
     the CPU kernel over host views and writes its results into them."""
     outs = outputs(call)
     if call.traits.pure_view:
-        return pack(outs)  # a pure view: metadata only, nothing to compute
+        return as_return(outs)  # a pure view: metadata only, nothing to compute
     cpu_args, cpu_kwargs = host_args(call)
     fresh = [(i, o) for i, (r, o) in enumerate(zip(call.traits.returns, outs)) if r.kind is Kind.FRESH]
     written = [t for _, o in fresh for t in (o if isinstance(o, (list, tuple)) else [o]) if t is not None]
@@ -265,7 +266,7 @@ def launch_copy(call: Call, check: bool, kernel_type: type[CopyKernel] = CopyKer
     cpu_args = cpu_kwargs = None  # this frame may be in a traceback: the kernel holds the host views
     launch(call.device.index, kernel, tensors=[*call.tensors, *written], name=call.traits.name, sync=check,
            writes=write_set(call.traits, call.args, call.kwargs, written))
-    return pack(outs)
+    return as_return(outs)
 
 
 def pairs(view: Any, result: Any) -> list[tuple[torch.Tensor, Any]]:
@@ -377,7 +378,7 @@ def _run_now(call: Call) -> Any:
             final.append(map_tensors(r, lambda t, base=base: _host_alias_to_device(t, base, call.device)))
         else:
             final.append(call.traits.value(call.args, call.kwargs, ret.arg))
-    return pack(final)
+    return as_return(final)
 
 
 def _owned_results(op: torch._ops.OpOverload, args: tuple, kwargs: dict, fresh: list[bool]) -> Any:

@@ -19,7 +19,7 @@ from openreg import bounded
 from torch_openreg import _C
 
 from ..arguments import global_state, tensors_of
-from ..fallback import UNKNOWN, Call, fit_to, host_args, launch_copy, pack, pairs, write_set
+from ..fallback import UNKNOWN, Call, as_return, fit_to, host_args, launch_copy, pairs, write_set
 from ..launch import detach_frames, launch_extents
 from ..traits import Kind, OpTraits, traits_of
 from .out_overloads import FunctionalOutKernel, OutKernel, out_overload, reduces
@@ -48,7 +48,7 @@ class Plan:
         outs, kernel = self.prepare(host_args, host_kwargs, extents, args, kwargs)
         launch_extents(self.index, kernel, extents=extents, name=self.traits.name, sync=check,
                        writes=write_set(self.traits, args, kwargs, outs, extents=True))
-        return pack(outs)
+        return as_return(outs)
 
 
 class ThroughOutOverload(Plan):
