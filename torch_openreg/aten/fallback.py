@@ -269,7 +269,7 @@ def launch_copy(call: Call, check: bool, kernel_type: type[CopyKernel] = CopyKer
     return as_return(outs)
 
 
-def pairs(view: Any, result: Any) -> list[tuple[torch.Tensor, Any]]:
+def output_pairs(view: Any, result: Any) -> list[tuple[torch.Tensor, Any]]:
     """``(output, result)`` pairs of one return or argument (a tensor or a list of tensors); None skipped."""
     if isinstance(view, torch.Tensor):
         return [(view, result)]
@@ -278,7 +278,7 @@ def pairs(view: Any, result: Any) -> list[tuple[torch.Tensor, Any]]:
 
 def copy_into(name: str, targets: list) -> None:
     """Copy CPU results into outputs' host views, all checked first: nothing is written when one disagrees."""
-    both = [p for view, result in targets for p in pairs(view, result)]
+    both = [p for view, result in targets for p in output_pairs(view, result)]
     for view, result in both:
         check_output(name, view, result)
     for view, result in both:
@@ -364,7 +364,7 @@ def _run_now(call: Call) -> Any:
         cpu_args = cpu_kwargs = None  # this frame stays in the traceback: it must not show the host views
         raise
     for name, host in outs.items():
-        for real, r in pairs(call.kwargs[name], host):
+        for real, r in output_pairs(call.kwargs[name], host):
             if real.size() != r.size():  # as resize_output: an out= of the right shape keeps its strides
                 fit_to(real, r)
             real.copy_(r)

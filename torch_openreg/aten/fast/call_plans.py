@@ -19,7 +19,7 @@ from openreg import bounded
 from torch_openreg import _C
 
 from ..arguments import global_state, tensors_of
-from ..fallback import UNKNOWN, Call, as_return, fit_to, host_args, launch_copy, pairs, write_set
+from ..fallback import UNKNOWN, Call, as_return, fit_to, host_args, launch_copy, output_pairs, write_set
 from ..launch import detach_frames, launch_extents
 from ..traits import Kind, OpTraits, traits_of
 from .out_overloads import FunctionalOutKernel, OutKernel, out_overload, reduces
@@ -83,7 +83,7 @@ class GivenOut(Plan):
         given = tensors_of(tuple(call.kwargs.get(n) for n in traits.out_args), {})
         self.scratch = reduces(traits, given, call.tensors)
         for ret, m in zip(traits.returns, metas):
-            for real, mm in pairs(traits.value(call.args, call.kwargs, ret.arg), m):
+            for real, mm in output_pairs(traits.value(call.args, call.kwargs, ret.arg), m):
                 self.cacheable &= fit_to(real, mm)  # a resize depends on more than the call shape: not remembered
 
     def prepare(self, host_args, host_kwargs, extents, args, kwargs) -> tuple[list, OutKernel]:
