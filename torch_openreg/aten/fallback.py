@@ -34,12 +34,12 @@ from torch_openreg.timing import costs as timing_costs
 
 from . import cpu_rules
 from .arguments import (
+    arguments_for,
     call_key,
     device_of,
     host_view_or_self,
     host_view_or_snapshot,
     map_tensors,
-    swap,
     tensors_of,
     to_meta,
     wrap_numbers,
@@ -142,7 +142,7 @@ def _remember(call: Call, route: Route) -> None:
 def host_args(call: Call) -> tuple[tuple, dict]:
     """The CPU kernel's arguments for a queued kernel: host views of the openreg tensors, CPU scalars and
     indices read now (as CUDA copies them at the call), the device generator's CPU state for generators."""
-    return swap(call.traits, call.args, call.kwargs, call.device, host_view_or_snapshot, "cpu")
+    return arguments_for(call.traits, call.args, call.kwargs, call.device, host_view_or_snapshot, "cpu")
 
 
 def meta_run(call: Call) -> Any:
@@ -151,7 +151,7 @@ def meta_run(call: Call) -> Any:
     mismatched shapes): the call then runs now, and the CPU kernel raises its own error at the call.
     Profilers do not see it: it is the fallback's inference, not an operator the program called."""
     with _C._Unrecorded():
-        meta_args, meta_kwargs = swap(call.traits, call.args, call.kwargs, call.device, to_meta, "meta")
+        meta_args, meta_kwargs = arguments_for(call.traits, call.args, call.kwargs, call.device, to_meta, "meta")
         try:
             with _C._WarningRecorder():  # dropped: the CPU kernel gives the caller the operator's warnings
                 meta = call.op(*meta_args, **meta_kwargs)
@@ -345,7 +345,7 @@ def run_now(call: Call) -> Any:
 
 
 def _run_now(call: Call) -> Any:
-    cpu_args, cpu_kwargs = swap(call.traits, call.args, call.kwargs, call.device, host_view_or_self, "cpu")
+    cpu_args, cpu_kwargs = arguments_for(call.traits, call.args, call.kwargs, call.device, host_view_or_self, "cpu")
     # out=: the CPU kernel writes a host tensor of the argument's size and strides (it keeps them, resizes it, or
     # warns, as it would the argument itself: arange keeps a 2x2 view of the right element count), copied over
     # after; unless it shares memory with an input (``x.mul_(2)`` arrives as ``mul.out(x, 2, out=x)``): then the
