@@ -15,7 +15,7 @@ A call goes through three steps, top to bottom in this module:
    ``out=`` arguments themselves.
 
 That is the whole mechanism. Accelerations (``torch_openreg/aten/fast/``, on unless
-``OPENREG_FALLBACK_FAST=0``) replace the methods of :class:`Plain`, the four places where they take
+``OPENREG_FALLBACK_FAST=0``) replace the methods of :class:`Choices`, the four places where they take
 over; they never change what a call computes.
 """
 
@@ -54,7 +54,7 @@ def fallback(op: torch._ops.OpOverload, *args: Any, **kwargs: Any) -> Any:
     """Run ``op`` for openreg tensors: decide, launch, hand back."""
     if openreg.timing.pricing:  # the timing model prices the launch this call makes (torch_openreg/timing)
         timing_costs.price_op(op, args, kwargs)
-    result = _path.run_known(op, args, kwargs)  # an acceleration's shortcut for a call shape it knows
+    result = _choices.run_known(op, args, kwargs)  # an acceleration's shortcut for a call shape it knows
     if result is not UNKNOWN:
         return result
     traits = traits_of(op)
@@ -68,13 +68,13 @@ def fallback(op: torch._ops.OpOverload, *args: Any, **kwargs: Any) -> Any:
             check = call.route is Route.CHECK and not openreg.is_capturing(openreg.current_stream(call.device.index))
             try:
                 with _Warnings(check) as warned:
-                    result = _path.launch(call, check)
+                    result = _choices.launch(call, check)
             except CpuDisagrees:
                 _remember(call, Route.NOW)  # the CPU kernel decides this call shape's outputs from now on
             else:
                 if check and not warned:  # a call shape that warned stays checked: each call warns, as on the CPU
                     _remember(call, Route.QUEUE)
-                    _path.clean(call)
+                    _choices.clean(call)
                 return result
         return run_now(call)
     except BaseException as exc:
@@ -123,7 +123,7 @@ def decide(op: torch._ops.OpOverload, traits: OpTraits, args: tuple, kwargs: dic
         route = _routes.get((op, key), Route.CHECK) if key is not None else Route.CHECK
     call = Call(op, traits, args, kwargs, given, tensors, device, key, route)
     if route is not Route.NOW:
-        call.meta = _path.meta_outputs(call)
+        call.meta = _choices.meta_outputs(call)
         if call.meta is NO_META:  # no meta kernel, data-dependent output shapes, a check that needs the data
             call.route = Route.NOW
             _remember(call, Route.NOW)  # per call shape: x[mask] runs now, x[i] stays queued
@@ -164,7 +164,7 @@ def meta_run(call: Call) -> Any:
 
 
 NO_META = object()
-UNKNOWN = object()  # what Plain.run_known gives for a call it has no shortcut for
+UNKNOWN = object()  # what Choices.run_known gives for a call it has no shortcut for
 # LITERALINCLUDE END: DECIDE
 
 
@@ -410,8 +410,8 @@ def _host_alias_to_device(t: torch.Tensor, base: torch.Tensor, device: torch.dev
 # LITERALINCLUDE END: RUN NOW
 
 
-# LITERALINCLUDE START: PLAIN
-class Plain:
+# LITERALINCLUDE START: CHOICES
+class Choices:
     """The mechanism's own choices at the four places where an acceleration may take over (fast/)."""
 
     def run_known(self, op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
@@ -430,11 +430,11 @@ class Plain:
         """The call shape's first, checked, run raised nothing and warned nothing."""
 
 
-_path: Plain = Plain()
+_choices: Choices = Choices()
 
 
-def accelerate(path: Plain) -> None:
-    """Make ``path`` take the mechanism's choices (``torch_openreg.aten.fast.install``)."""
-    global _path
-    _path = path
-# LITERALINCLUDE END: PLAIN
+def set_choices(choices: Choices) -> None:
+    """Make ``choices`` take the mechanism's choices (``torch_openreg.aten.fast.install``)."""
+    global _choices
+    _choices = choices
+# LITERALINCLUDE END: CHOICES
