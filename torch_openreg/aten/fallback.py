@@ -110,6 +110,10 @@ class Call:
     meta: Any = None  # the outputs' metadata (meta tensors), for a queued route
     plan: Any = None  # what an acceleration learned from this call (see fast/)
 
+    def value(self, index: int) -> Any:
+        """The argument at schema position ``index``, as the CPU kernel takes it (positional or keyword)."""
+        return self.traits.value(self.args, self.kwargs, index)
+
 
 def decide(op: torch._ops.OpOverload, traits: OpTraits, args: tuple, kwargs: dict) -> Call:
     given = args, kwargs
@@ -179,10 +183,10 @@ def outputs(call: Call) -> list:
             outs.append(map_tensors(m, lambda t: torch.empty_strided(t.shape, t.stride(), dtype=t.dtype,
                                                                      device=device)))
         elif ret.kind is Kind.VIEW:
-            base = call.traits.value(call.args, call.kwargs, ret.arg)
+            base = call.value(ret.arg)
             outs.append(map_tensors(m, lambda t, base=base: _view_of(base, t, device)))
         else:
-            real = call.traits.value(call.args, call.kwargs, ret.arg)
+            real = call.value(ret.arg)
             for r, mm in ((real, m),) if isinstance(real, torch.Tensor) else zip(real, m):
                 fit_to(r, mm)
             outs.append(real)
@@ -374,10 +378,10 @@ def _run_now(call: Call) -> Any:
         if ret.kind is Kind.FRESH:
             final.append(map_tensors(r, lambda t: t.to(call.device)))
         elif ret.kind is Kind.VIEW:
-            base = call.traits.value(call.args, call.kwargs, ret.arg)
+            base = call.value(ret.arg)
             final.append(map_tensors(r, lambda t, base=base: _host_alias_to_device(t, base, call.device)))
         else:
-            final.append(call.traits.value(call.args, call.kwargs, ret.arg))
+            final.append(call.value(ret.arg))
     return as_return(final)
 
 

@@ -83,7 +83,7 @@ class GivenOut(Plan):
         given = tensors_of(tuple(call.kwargs.get(n) for n in traits.out_args), {})
         self.scratch = reduces(traits, given, call.tensors)
         for ret, m in zip(traits.returns, metas):
-            for real, mm in output_pairs(traits.value(call.args, call.kwargs, ret.arg), m):
+            for real, mm in output_pairs(call.value(ret.arg), m):
                 self.cacheable &= fit_to(real, mm)  # a resize depends on more than the call shape: not remembered
 
     def prepare(self, host_args, host_kwargs, extents, args, kwargs) -> tuple[list, OutKernel]:
