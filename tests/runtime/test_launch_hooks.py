@@ -28,7 +28,7 @@ SWITCHES = {
     "graph capture (a stream's capture)": (r"\bq\.capture\b", 3),
     "launch blocking": (r"\bLAUNCH_BLOCKING\b", 3),
     "timing.pricing (torch side)": (r"\btiming\.pricing\b", 6),
-    "sanitizer.enabled (torch side)": (r"\bsanitizer\.enabled\b", 6),
+    "sanitizer.enabled (torch side)": (r"\bsanitizer\.enabled\b", 5),
     "sync_debug.mode (torch side)": (r"\bsync_debug\.mode\b", 4),
 }
 LAUNCH_PATH = ("openreg/stream.py", "openreg/worker.py")
