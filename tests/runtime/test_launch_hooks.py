@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SWITCHES = {
     "timing.active": (r"\btiming\.active\b", 3),
     "memcheck.enabled": (r"\bmemcheck\.enabled\b", 3),
-    "graph capture (a stream's capture)": (r"\bq\.capture\b", 3),
+    "graph capture (a stream's capture)": (r"\b_?q\.capture\b", 3),
     "launch blocking": (r"\bLAUNCH_BLOCKING\b", 3),
     "timing.pricing (torch side)": (r"\btiming\.pricing\b", 6),
     "sanitizer.enabled (torch side)": (r"\bsanitizer\.enabled\b", 5),
