@@ -133,15 +133,17 @@ class Stream:
         """Run a copy engine's transfer ``fn(*args)`` now, on the calling thread (the caller has waited for
         the stream's earlier work): no kernel, but profilers and utilization see it as this stream's
         activity, as CUPTI reports a ``cudaMemcpy``."""
-        item = _Item(fn, args, [], name, 0)
-        for hook in hooks.check:  # the profiler's tag (a transfer names no buffers: the sanitizer checks nothing)
-            hook(self._q, item, (), (), True)
+        item = None
+        if hooks.check or hooks.ran:  # the profiler's tag and observers (a transfer names no buffers to check)
+            item = _Item(fn, args, [], name, 0)
+            for hook in hooks.check:
+                hook(self._q, item, (), (), True)
         started = time.perf_counter_ns()
         try:
             return fn(*args)
         finally:
             activity.record(self.device, started, time.perf_counter_ns(), name)
-            if hooks.ran:
+            if item is not None:
                 for hook in hooks.ran:
                     hook(self._q, item, started)
 
