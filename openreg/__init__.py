@@ -4,7 +4,7 @@ The API mirrors the CUDA runtime (see docs/runtime.md for the table). It never
 imports torch: PyTorch is one client of this runtime, through ``torch_openreg``.
 """
 
-from . import activity, fault, sanitizer, timing  # noqa: F401  (openreg.activity: what ran when, for utilization)
+from . import activity, fault, launch_blocking, sanitizer, timing  # noqa: F401  (hooks register at import)
 from .copy import MemcpyKind, memcpy, memcpy_async, memcpy_dtoh, memcpy_dtoh_into, memcpy_htod, wait_to_load
 from .device import (
     DeviceProperties,
@@ -18,6 +18,7 @@ from .device import (
 from .errors import ErrorCode, OpenRegError
 from .event import Event
 from .graph import CaptureMode, Graph, begin_capture, end_capture, is_capturing, refuse_capture
+from .launch_blocking import LAUNCH_BLOCKING
 from .memory import (
     IpcHandle,
     PointerAttributes,
@@ -33,7 +34,6 @@ from .memory import (
 )
 from .memory import malloc as _malloc
 from .stream import (
-    LAUNCH_BLOCKING,
     PRIORITY_HIGH,
     PRIORITY_LOW,
     Stream,

@@ -5,8 +5,7 @@ from __future__ import annotations
 import ctypes
 import enum
 
-from . import memcheck, memory, sanitizer, timing
-from . import stream as _stream
+from . import hooks, memcheck, memory, sanitizer, timing
 from .errors import ErrorCode, OpenRegError
 from .stream import Stream, current_stream
 
@@ -60,20 +59,18 @@ def memcpy_async(dst: int, src: int, nbytes: int, kind: MemcpyKind, stream: Stre
     """Queue a copy of ``nbytes`` on ``stream`` (default: current stream of the device side)."""
     default, buffers, writes = _check(dst, src, nbytes, kind)
     if nbytes:
-        cost = _cost(nbytes, kind) if timing.active else None
         view = memory.view_address  # the copy runs on the device's side: through the views
         (stream or default).launch(ctypes.memmove, view(dst), view(src), nbytes, buffers=buffers, writes=writes,
-                                   name="memcpy", cost=cost)
+                                   name="memcpy", cost=lambda: _cost(nbytes, kind))  # (priced while timing is on)
 
 
 def memcpy(dst: int, src: int, nbytes: int, kind: MemcpyKind) -> None:
     """Copy and wait for the copy (and the work queued before it on that stream)."""
     stream, buffers, writes = _check(dst, src, nbytes, kind)
     if nbytes:
-        cost = _cost(nbytes, kind) if timing.active else None
         view = memory.view_address
         seq = stream.launch(ctypes.memmove, view(dst), view(src), nbytes, buffers=buffers, writes=writes,
-                            name="memcpy", cost=cost)
+                            name="memcpy", cost=lambda: _cost(nbytes, kind))
         stream.wait_for(seq)
         stream.check_error()
 # LITERALINCLUDE END: RUNTIME MEMCPY
@@ -171,12 +168,12 @@ def memcpy_dtoh_into(dst: int, src: int, nbytes: int, stream: Stream | None = No
 def wait_to_load(stream: Stream) -> bool:
     """Whether a synchronous read of a few bytes ordered by ``stream`` may be a plain load through the device's
     view, done by the caller: True once the stream's earlier work is done (waited for here, its kernel error
-    raised, as :func:`memcpy_dtoh` does), unless the stream is being captured or a debugging feature (the
-    stream sanitizer, memcheck, a profiler's observer or launch hook) wants to see the transfer: then False,
+    raised, as :func:`memcpy_dtoh` does), unless the stream is being captured or a feature on the launch path
+    (a launch hook: the stream sanitizer, memcheck, a profiler, timing) wants to see the transfer: then False,
     and the caller takes :func:`memcpy_dtoh_into`, which checks, records and refuses as those need. A
     ``.item()``, which PyTorch's test files call millions of times, then costs a wait and a load."""
     q = stream._q
-    if q.capture is not None or sanitizer.enabled or memcheck.enabled or _stream._observers or _stream._launch_hook:
+    if q.capture is not None or hooks.any_registered():
         return False
     if q.error is not None or q.done < q.launched or q.busy:
         stream.synchronize()

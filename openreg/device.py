@@ -157,7 +157,7 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 # LITERALINCLUDE END: FORK POISON
 
 
-_CORES = os.cpu_count() or 1  # asked once: os.cpu_count() reads sysfs (~17 us), and PyTorch asks per backward
+_CORES = os.cpu_count() or 1  # asked once: os.cpu_count() reads sysfs each time, and PyTorch asks per backward
 
 
 # LITERALINCLUDE START: PROPERTY SOURCES

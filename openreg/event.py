@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from . import sanitizer, timing
+from . import hooks, timing
 from .device import check_device, get_device
 from .errors import ErrorCode, OpenRegError
 from .stream import Stream, _Queue, current_stream
@@ -39,18 +39,19 @@ class Event:
             )
         self.device = stream.device
         self._time_ns = None
-        capture = stream._q.capture
-        if capture is not None and capture.record_event(self, stream._q):
-            self._queue = self._clock = None
-            return  # a point of the capture, for the streams that fork from or join it
+        for hook in hooks.event_record:
+            if hook(self, stream._q):
+                self._queue = self._clock = self._sim_time = None
+                return  # a point of the capture (openreg.graph), for the streams that fork from or join it
         self.capture = None
         if self.enable_timing:
             self._seq = stream.launch(self._stamp, name="event_record", cost=timing.FREE)
         else:
             self._seq = stream.launched
         self._queue = stream._q
-        self._clock = sanitizer.record(stream._q, self._seq) if sanitizer.enabled else None
-        self._sim_time = timing.stream_time(stream) if timing.active else None
+        self._clock = self._sim_time = None  # the sanitizer's clock and the timing model's time, while they are on
+        for hook in hooks.event_recorded:
+            hook(self, stream)
 
     def _stamp(self) -> None:
         self._time_ns = time.perf_counter_ns()
@@ -70,8 +71,8 @@ class Event:
             return False
         if self._queue is not None:
             self._queue.settle()  # a host that saw its work finish finds device memory closed
-        if sanitizer.enabled:  # and is ordered after it
-            sanitizer.host_joins(self._clock)
+        for hook in hooks.event_waited:  # and is ordered after it (the sanitizer)
+            hook(self)
         return True
 
     def synchronize(self) -> None:
@@ -80,8 +81,8 @@ class Event:
             self.capture.event_done(self, "a synchronize")
         elif self._queue is not None:
             self._queue.wait_for(self._seq)
-            if sanitizer.enabled:
-                sanitizer.host_joins(self._clock)
+            for hook in hooks.event_waited:
+                hook(self)
 
     def elapsed_time(self, end: Event) -> float:
         """Milliseconds between this event and ``end``, both recorded, timed and complete."""

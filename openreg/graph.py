@@ -37,7 +37,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any, NoReturn
 
-from . import memory, timing
+from . import hooks, memory, timing
 from .device import device_count
 from .errors import ErrorCode, OpenRegError
 from .stream import Stream, _Queue, default_stream
@@ -112,9 +112,9 @@ class Graph:
                     f"graph launch on openreg:{self.device}: the allocation at 0x{alloc.ptr:x} ({alloc.size} bytes), "
                     "which captured kernels use, was freed",
                 )
-        cost = timing.graph_cost([node.cost for node in self.nodes]) if timing.active else None
+        costs = [node.cost for node in self.nodes]  # priced only while simulated time is on
         return stream.launch(_replay, kernels, names, buffers=buffers, writes=writes,
-                             name=f"graph ({len(kernels)} kernels)", cost=cost)
+                             name=f"graph ({len(kernels)} kernels)", cost=lambda: timing.graph_cost(costs))
 
     def release(self) -> None:
         """Drop the recording and unpin its memory (``cudaGraphDestroy``); launching it afterwards raises."""
@@ -305,6 +305,44 @@ _lock = threading.Lock()
 _captures: list[Capture] = []  # every capture underway
 
 
+# LITERALINCLUDE START: CAPTURE HOOK
+class _CaptureHook(hooks.LaunchHook):
+    """Graph capture on the launch path, registered while a capture is underway: a launch on a stream that
+    takes part (``q.capture``) is recorded, not queued; what the host would run or wait for now is refused;
+    events mark points of the capture, and waits on them fork and join it."""
+
+    order = 0  # a recorded launch is seen by nothing else: the replay is what runs, and is checked then
+
+    def take(self, q: _Queue, fn: Callable[..., Any], args: tuple, buffers: Any, name: str, writes: Any,
+             cost: Any) -> int | None:
+        capture = q.capture
+        if capture is None:
+            return None
+        seq = capture.record(q, fn, args, buffers, name, writes)
+        if seq is not None:  # the timing model: the recorded kernel keeps its cost for the replays
+            timing.captured(capture.graph, name, cost)
+        return seq
+
+    def host_wait(self, q: _Queue, seq: int, simulated: bool) -> None:
+        if q.capture is not None:
+            q.capture.refuse(q, "a host wait")
+
+    def unrecordable(self, q: _Queue, what: str) -> None:
+        if q.capture is not None:
+            q.capture.refuse(q, what)
+
+    def stream_wait(self, stream: Stream, event: Any) -> bool:
+        capture = stream._q.capture or event.capture
+        return capture is not None and capture.wait_event(stream._q, event)
+
+    def event_record(self, event: Any, q: _Queue) -> bool:
+        return q.capture is not None and q.capture.record_event(event, q)
+
+
+_hook = _CaptureHook()
+# LITERALINCLUDE END: CAPTURE HOOK
+
+
 # LITERALINCLUDE START: RUNTIME BEGIN END
 def begin_capture(stream: Stream, mode: CaptureMode | str = CaptureMode.GLOBAL) -> Capture:
     """Put ``stream`` in capture mode (``cudaStreamBeginCapture``): its launches are recorded, not run."""
@@ -321,6 +359,7 @@ def begin_capture(stream: Stream, mode: CaptureMode | str = CaptureMode.GLOBAL) 
         capture = Capture(stream, mode)
         q.capture = capture
         _captures.append(capture)
+        hooks.add(_hook)
         timing.capture_began()  # the capture's launches are priced for later simulated replays
         if mode is not CaptureMode.RELAXED:
             _guard.captures.append(capture)
@@ -360,6 +399,8 @@ def end_capture(stream: Stream) -> Graph:
         for q in capture.members:
             q.capture = None
         _captures.remove(capture)
+        if not _captures:
+            hooks.remove(_hook)
         timing.capture_ended()
         if capture in _guard.captures:
             _guard.captures.remove(capture)

@@ -4,17 +4,17 @@ memcheck, for the simulator).
 Without it the device's view of its memory (``openreg.memory``) is read/write for everyone who can
 translate to it, and a kernel that reaches a buffer it was not handed computes on it silently. With
 it, every view is ``PROT_NONE`` except the granules of the buffers named by launches that are running:
-the stream calls :func:`before` and :func:`after` around each item, and the copy engine around each
-transfer. A kernel that touches anything else faults, and the fault reporter names the allocation
-under its device address. Openings are reference counted, so kernels on different streams may share
-a buffer. It costs two ``mprotect`` calls per launch: a debugging mode, off by default.
+its launch hook calls :func:`before` and :func:`after` around each item the stream runs, and the copy
+engine calls them around each transfer. A kernel that touches anything else faults, and the fault
+reporter names the allocation under its device address. Openings are reference counted, so kernels
+on different streams may share a buffer. It costs two ``mprotect`` calls per launch: a debugging mode, off by default.
 """
 
 from __future__ import annotations
 
 import threading
 
-from . import platform, settings
+from . import hooks, platform, settings
 
 enabled = settings.MEMCHECK
 _lock = threading.Lock()
@@ -83,3 +83,17 @@ def _minus(ranges: list[tuple[int, int]], holes: list[tuple[int, int]]) -> list[
         if lo < hi:
             out.append((lo, hi))
     return out
+
+
+class _Hook(hooks.LaunchHook):
+    """Memcheck on the launch path: each item's buffers are open while it runs."""
+
+    def running(self, item) -> None:
+        before(item.spans)
+
+    def ran(self, q, item, started_ns: int) -> None:
+        after(item.spans)
+
+
+if enabled:
+    hooks.add(_Hook())

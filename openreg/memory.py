@@ -24,7 +24,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from . import memcheck, platform
+from . import bounded, memcheck, platform
 from .arena import Arena
 from .device import check_device, device_capacity, device_count, forked, start
 from .errors import ErrorCode, OpenRegError
@@ -170,16 +170,22 @@ def _arena(device: int) -> Arena:
     return arena
 
 
+def _mapped(size: int, what: str, device: int | None = None) -> int:
+    """What an allocation of ``size`` bytes by ``what`` maps (whole granules; 0 for none), the runtime started."""
+    start()
+    if size < 0:
+        where = f" on openreg:{device}" if device is not None else ""
+        raise OpenRegError(ErrorCode.INVALID_VALUE, f"{what} of negative size {size}{where}")
+    return platform.round_up(size) if size else 0
+
+
 # LITERALINCLUDE START: RUNTIME MALLOC
 def malloc(size: int, device: int) -> int:
     """Allocate ``size`` bytes on ``device``; returns the pointer (0 for size 0)."""
     check_device(device)
-    start()
-    if size < 0:
-        raise OpenRegError(ErrorCode.INVALID_VALUE, f"malloc of negative size {size} on openreg:{device}")
-    if size == 0:
+    mapped = _mapped(size, "malloc", device)
+    if not mapped:
         return 0
-    mapped = platform.round_up(size)
     capacity = device_capacity(device)
     with _lock:
         if _used[device] + mapped > capacity:
@@ -318,12 +324,9 @@ def ipc_open(fd: int, device: int, mapped: int, file_offset: int = 0) -> int:
 
 def host_malloc(size: int) -> int:
     """Allocate pinned (page-locked in a real driver) host memory, readable by the host."""
-    start()
-    if size < 0:
-        raise OpenRegError(ErrorCode.INVALID_VALUE, f"host_malloc of negative size {size}")
-    if size == 0:
+    mapped = _mapped(size, "host_malloc")
+    if not mapped:
         return 0
-    mapped = platform.round_up(size)
     ptr = platform.map_host(mapped)
     if ptr is None:
         raise OpenRegError(ErrorCode.OUT_OF_MEMORY, f"out of pinned host memory: tried to allocate {size} bytes")
@@ -411,10 +414,7 @@ def _span_of(buffer: int | tuple[int, int]) -> Span | None:
         granule = platform.GRANULE
         mask = ~(granule - 1)  # allocations are granule-aligned, so a granule starts at ptr & mask
         span = (alloc, ptr & mask, min(base + alloc.mapped, (ptr + (nbytes or 1) + granule - 1) & mask))
-    if len(_spans) >= _SPANS_SIZE:
-        _spans.clear()
-    _spans[buffer] = span
-    return span
+    return bounded.put(_spans, buffer, span, _SPANS_SIZE)
 
 
 def release(spans: list[Span]) -> None:

@@ -37,12 +37,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from . import memory, settings
+from . import bounded, hooks, memory, settings
 from .errors import ErrorCode, OpenRegError
 
 # LITERALINCLUDE START: SANITIZER SWITCH
-# ``OPENREG_STREAM_SANITIZER`` (read in openreg/settings.py) sets the start. ``enabled`` is read on every launch
-# and synchronization: while it is False the sanitizer costs one test of a module attribute.
+# ``OPENREG_STREAM_SANITIZER`` (read in openreg/settings.py) sets the start. While it is on, the sanitizer's
+# launch hook (below) sees every launch and synchronization; while it is off, the hook is not registered.
 enabled: bool = settings.STREAM_SANITIZER
 
 
@@ -54,12 +54,14 @@ def enable() -> None:
             reset()
             enabled = True
             memory.add_free_hook(forget)
+            hooks.add(_hook)
 
 
 def disable() -> None:
     """Stop checking (what was recorded is forgotten at the next :func:`enable`)."""
     global enabled
     enabled = False
+    hooks.remove(_hook)
     memory.remove_free_hook(forget)
 
 
@@ -117,8 +119,9 @@ class _Seg:
         self.end, self.write, self.reads, self.freed = end, write, reads if reads is not None else {}, freed
 
 
-class _Stream:
-    """A stream's clock, with its recent history: events and host waits name a launch by its number."""
+class _VectorClock:
+    """A stream's vector clock (for each other stream, the last launch its next launches are ordered after),
+    with its recent history: events and host waits name a launch by its number."""
 
     __slots__ = ("clock", "history")
 
@@ -149,7 +152,7 @@ class Race:
 
 _lock = threading.RLock()
 _serial = itertools.count(1)
-_streams: dict[Key, _Stream] = {}
+_clocks: dict[Key, _VectorClock] = {}  # each stream's
 _host: dict[Key, int] = {}  # the host's clock
 _starts: list[int] = []  # sorted starts of the disjoint ranges in _segs
 _segs: dict[int, _Seg] = {}
@@ -170,7 +173,7 @@ _installed = ("<frozen ", *{os.path.join(os.path.abspath(p), "")  # ("<frozen ru
 def reset() -> None:
     """Forget every access, clock and allocation."""
     with _lock:
-        _streams.clear()
+        _clocks.clear()
         _host.clear()
         _starts.clear()
         _segs.clear()
@@ -194,15 +197,14 @@ LIBRARY, INSTALLED, OWN = 0, 1, 2
 # code object: a code object can carry a framework's caches (TorchDynamo keeps its compiled graphs, and the
 # tensors they hold, in the code's extra data), and holding it would keep those alive.
 _kinds: dict[str, int] = {}
+_KINDS_SIZE = (1 << 16) + 1
 
 
 def _kind(path: str) -> int:
     kind = _kinds.get(path)
-    if kind is None:
-        if len(_kinds) > 1 << 16:  # generated code comes and goes: keep the cache bounded
-            _kinds.clear()
+    if kind is None:  # (generated code comes and goes: the cache is bounded)
         kind = LIBRARY if path.startswith(_library) else INSTALLED if path.startswith(_installed) else OWN
-        _kinds[path] = kind
+        bounded.put(_kinds, path, kind, _KINDS_SIZE)
     return kind
 
 
@@ -236,10 +238,10 @@ def _stack() -> tuple:
     return tuple(kept) if kept else (None, *first)
 
 
-def _state(key: Key) -> _Stream:
-    st = _streams.get(key)
+def _state(key: Key) -> _VectorClock:
+    st = _clocks.get(key)
     if st is None:
-        st = _streams[key] = _Stream()
+        st = _clocks[key] = _VectorClock()
     return st
 
 
@@ -539,5 +541,34 @@ def _format(stack: tuple) -> list[str]:
     return lines
 
 
+# LITERALINCLUDE START: SANITIZER HOOK
+class _Hook(hooks.LaunchHook):
+    """The sanitizer on the launch path: it checks each launch and learns the order the program makes."""
+
+    order = 10  # before the profiler tags a launch: a racing launch is refused before anything records it
+
+    def check(self, q: Any, item: Any, buffers: Any, writes: Any, host: bool) -> None:
+        race = launch(q, buffers, writes, item.name, item.fn, item.args, host=host)
+        if race is not None:
+            raise race
+
+    def host_waited(self, q: Any, seq: int) -> None:
+        host_waits(q, seq)
+
+    def stream_wait(self, stream: Any, event: Any) -> bool:
+        stream_waits(stream._q, event._clock)  # ordered even when the event's work is done: CUDA promises no less
+        return False
+
+    def event_recorded(self, event: Any, stream: Any) -> None:
+        event._clock = record(stream._q, event._seq)
+
+    def event_waited(self, event: Any) -> None:
+        host_joins(event._clock)
+
+
+_hook = _Hook()
+# LITERALINCLUDE END: SANITIZER HOOK
+
 if enabled:  # on from the start (OPENREG_STREAM_SANITIZER=1): frees are reported from the first one
     memory.add_free_hook(forget)
+    hooks.add(_hook)

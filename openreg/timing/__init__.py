@@ -6,7 +6,8 @@ layer prices operators with PyTorch's FLOP formulas; runtime copies price themse
 predicts its device duration on the profile, and each stream's simulated time advances by it
 (:mod:`.clock`). Events created with ``enable_timing`` then report simulated ``elapsed_time``.
 
-Off (the default), a launch pays one flag test for all of this. ``OPENREG_DEVICE_PROFILE`` is read
+Off (the default), nothing of this is on the launch path: the model's launch hook (below) is registered
+while simulated time is on. ``OPENREG_DEVICE_PROFILE`` is read
 once, at import, with every other setting (``openreg/settings.py``), and selected here.
 """
 
@@ -17,7 +18,7 @@ import os
 import threading
 from collections.abc import Iterator, Mapping
 
-from .. import settings
+from .. import hooks, settings
 from . import model
 from .clock import _UNPRICED, Clock, Launch
 from .model import COLLECTIVES, EFFICIENCY, FREE, HOST, HOST_US, KINDS, Cost, Prediction, predict
@@ -55,9 +56,11 @@ def set_profile(spec: str | os.PathLike | Mapping | DeviceProfile | None) -> Dev
         previous = _clock.profile if _clock is not None else None
         if profile is None:
             active, _clock = False, None
+            hooks.remove(_hook)
         elif _clock is None:
             _clock = Clock(profile)
             active = True
+            hooks.add(_hook)
         else:
             _clock.profile = profile
         _set_pricing()
@@ -126,7 +129,41 @@ def next_cost(name: str, cost: Cost | None, host_waits: bool = True) -> None:
     _pending.value = (name, cost, host_waits)
 
 
-# The runtime's hooks (openreg.stream and openreg.event call them only while ``active``).
+# LITERALINCLUDE START: TIMING HOOK
+class _Hook(hooks.LaunchHook):
+    """The timing model on the launch path, registered while simulated time is on: each launch gets its
+    simulated start and end, host waits and stream waits move the clocks, events keep their simulated time."""
+
+    order = 30  # after the profiler's tag (which shows the simulated times), before launch blocking waits
+
+    def queued(self, stream, item, buffers, cost) -> None:
+        if not launched(stream, item.seq, item.name, cost, item.tag, buffers) and item.owner:
+            _pending.quiet = (stream._q, item.seq)  # run_here's wait for it is the simulator's, not the program's
+
+    def host_wait(self, q, seq: int, simulated: bool) -> None:
+        quiet = getattr(_pending, "quiet", None)
+        if quiet is not None and quiet[0] is q and quiet[1] == seq:
+            _pending.quiet = None
+        elif simulated:
+            host_waits(q.device, q.id, seq)
+
+    def stream_wait(self, stream, event) -> bool:
+        stream_waits(stream, event._sim_time)
+        return False
+
+    def event_recorded(self, event, stream) -> None:
+        event._sim_time = stream_time(stream)
+
+
+_hook = _Hook()
+# LITERALINCLUDE END: TIMING HOOK
+
+
+def _priced(cost):
+    """A launch's cost: given, or computed now by the function the launch site handed over instead."""
+    return cost() if callable(cost) else cost
+
+
 def launched(stream, seq: int, name: str, cost: Cost | None, tag=None, buffers=None) -> bool:
     """A launch was queued: give it its simulated start and end (``buffers``: the ``(pointer, bytes)``
     extents it touches, for the L2 model). Returns whether a host that waits for it at once
@@ -135,6 +172,7 @@ def launched(stream, seq: int, name: str, cost: Cost | None, tag=None, buffers=N
     if clock is None:
         return True
     host_waits = True
+    cost = _priced(cost)
     if cost is None:
         pending = getattr(_pending, "value", None)
         if pending is not None:
@@ -149,6 +187,7 @@ def launched(stream, seq: int, name: str, cost: Cost | None, tag=None, buffers=N
 
 def captured(graph, name: str, cost: Cost | None) -> None:  # noqa: D401
     """A launch was recorded into a graph capture instead of queued: its node keeps the cost."""
+    cost = _priced(cost)
     if cost is None:
         pending = getattr(_pending, "value", None)
         if pending is not None:

@@ -57,7 +57,7 @@ def test_two_streams_overlap(asynchronous):
 def test_device_synchronize_starts_the_other_streams_at_once(asynchronous, monkeypatch):
     """A host waiting for the whole device runs one stream's queue itself; the other busy streams' workers start
     beside it at once, not after the host's pause: here the first kernel waits for the second one."""
-    monkeypatch.setattr(openreg.stream, "_IDLE", 30.0)  # a worker left to the pause would start far too late
+    monkeypatch.setattr(openreg.worker, "_IDLE", 30.0)  # a worker left to the pause would start far too late
     a, b = openreg.Stream(), openreg.Stream()
     gate, released = threading.Event(), []
     a.launch(lambda: released.append(gate.wait(10)))
@@ -69,7 +69,7 @@ def test_device_synchronize_starts_the_other_streams_at_once(asynchronous, monke
 def test_after_a_device_synchronize_launches_wait_for_the_pause_again(asynchronous, monkeypatch):
     """Starting the workers at once is for that synchronize only: later launches are left queued while the
     host may still launch (the worker waits for its pause, _IDLE)."""
-    monkeypatch.setattr(openreg.stream, "_IDLE", 30.0)
+    monkeypatch.setattr(openreg.worker, "_IDLE", 30.0)
     a, b = openreg.Stream(), openreg.Stream()
     a.launch(time.sleep, 0.05)
     b.launch(int)
@@ -506,7 +506,7 @@ def test_the_worker_is_not_woken_by_each_launch_or_finished_item(asynchronous):
 
 
 def test_a_deeply_sleeping_worker_is_woken_by_a_launch(asynchronous, monkeypatch):
-    monkeypatch.setattr(openreg.stream, "_AWAKE", 0.01)
+    monkeypatch.setattr(openreg.worker, "_AWAKE", 0.01)
     stream = openreg.Stream()
     ran = []
     stream.launch(ran.append, 1)

@@ -167,7 +167,7 @@ def test_a_plan_runs_on_the_device_of_its_arguments(two_devices):
 
 
 def test_the_plan_table_is_bounded(monkeypatch, fallback_fast):
-    monkeypatch.setattr(call_plans, "_PLANS_SIZE", 4)
+    monkeypatch.setattr(call_plans._bound, "size", 4)
     for n in range(1, 12):
         x = torch.arange(float(n), device=DEV)
         torch.testing.assert_close((x + x).cpu(), 2 * torch.arange(float(n)))
@@ -310,7 +310,7 @@ for _ in range(2):
     ]
     for got, expected in checks:
         torch.testing.assert_close(got.cpu(), expected)
-print(type(fallback._path).__name__, _C._cpu_output_allocator_installed())
+print(type(fallback._choices).__name__, _C._cpu_output_allocator_installed())
 try:
     _C._set_cpu_output_targets([torch.empty(4)], [0])
 except RuntimeError as exc:
@@ -318,7 +318,7 @@ except RuntimeError as exc:
 """
     proc = run_python(code, env={"OPENREG_FALLBACK_FAST": "0"})
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.split() == ["Plain", "False", "refused"]
+    assert proc.stdout.split() == ["Choices", "False", "refused"]
 
 
 def test_the_cpu_allocator_is_installed_by_the_first_kernel_that_needs_it(run_python):
@@ -329,7 +329,7 @@ import torch
 from torch_openreg import _C
 from torch_openreg.aten import arguments, fallback
 from torch_openreg.aten.traits import traits_of
-print(type(fallback._path).__name__, _C._cpu_output_allocator_installed())
+print(type(fallback._choices).__name__, _C._cpu_output_allocator_installed())
 x = torch.ones(2, 3, 8, 8, device="openreg")  # fill_ has a kernel of its own
 y = x + 1  # an out= kernel: no served outputs
 print(_C._cpu_output_allocator_installed())

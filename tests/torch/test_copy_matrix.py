@@ -181,7 +181,11 @@ def test_kernels_ignore_the_host_threads_modes():
             return func(*args, **(kwargs or {}))
 
     threads = []
-    openreg.add_launch_observer(lambda *_: threads.append(threading.current_thread()))
+
+    def observe(*_):
+        threads.append(threading.current_thread())
+
+    openreg.add_launch_observer(observe)
     a = torch.randn(32, 32)
     ad = a.to("openreg")
     stream = torch.openreg.Stream()
@@ -191,7 +195,7 @@ def test_kernels_ignore_the_host_threads_modes():
         with torch.device("meta"), torch.autocast("cpu", dtype=torch.bfloat16), Count():
             stream.synchronize()
     finally:
-        openreg.stream._observers.clear()
+        openreg.remove_launch_observer(observe)
     calls = Count.calls
     assert threading.main_thread() in threads  # the host ran some of them
     assert calls == 0

@@ -427,16 +427,16 @@ def test_a_queued_launch_holds_few_objects_for_the_garbage_collector(asynchronou
     closure's cells made a thousand queued launches cost twice as much each."""
     import gc
 
-    monkeypatch.setattr(openreg.stream, "_IDLE", 60.0)  # the launches stay queued until synchronize
-    monkeypatch.setattr(openreg.sanitizer, "enabled", False)  # (its records of accesses are not the launches')
+    monkeypatch.setattr(openreg.worker, "_IDLE", 60.0)  # the launches stay queued until synchronize
     a, b = A.to(DEV), B.to(DEV)
-    a + b  # the first call of a shape runs (and caches) the meta kernel
-    torch.openreg.synchronize()
-    gc.collect()
-    before = len(gc.get_objects())
-    outs = [a + b for _ in range(200)]
-    per_launch = (len(gc.get_objects()) - before) / 200
-    torch.openreg.synchronize()
+    with openreg.sanitizer.sanitizing(False):  # (its records of accesses are not the launches')
+        a + b  # the first call of a shape runs (and caches) the meta kernel
+        torch.openreg.synchronize()
+        gc.collect()
+        before = len(gc.get_objects())
+        outs = [a + b for _ in range(200)]
+        per_launch = (len(gc.get_objects()) - before) / 200
+        torch.openreg.synchronize()
     torch.testing.assert_close(outs[-1].cpu(), A + B)
     assert per_launch < 16, per_launch
 

@@ -42,7 +42,7 @@ def test_the_slices_of_a_tensor_share_one_call_shape(monkeypatch, launches, asyn
     from torch_openreg.aten import fallback
 
     meta_runs, checks = [], []
-    path = fallback._path  # the mechanism's choices (fallback.Plain), or the accelerations' (aten/fast)
+    path = fallback._choices  # the mechanism's choices (fallback.Choices), or the accelerations' (aten/fast)
     meta, launch = path.meta_outputs, path.launch
     monkeypatch.setattr(path, "meta_outputs", lambda call: meta_runs.append(call.op) or meta(call))
     monkeypatch.setattr(path, "launch", lambda call, check: checks.append((call.op, check)) or launch(call, check))
@@ -79,7 +79,7 @@ def test_in_place_writes_to_the_slices_of_a_tensor_share_one_call_shape(monkeypa
     from torch_openreg.aten import fallback
 
     checks = []
-    path = fallback._path
+    path = fallback._choices
     launch = path.launch
     monkeypatch.setattr(path, "launch", lambda call, check: checks.append((call.op, check)) or launch(call, check))
     base, src = torch.randn(6, 5), torch.randn(6, 5)

@@ -54,7 +54,7 @@ for _name in ("native_layer_norm", "native_group_norm", "addr"):
 _aten.impl("mode.values", functools.partial(fallback.fallback, torch.ops.aten.mode.values), "PrivateUse1")
 
 # The CPU computes relu as clamp_min(x, 0); relu's out= kernel, which the fallback would pick, is a
-# slower generic loop (3x on a 32 MiB activation). Route relu the way the CPU does.
+# slower generic loop (docs/performance.md, "The CPU's own kernel choice"). Route relu the way the CPU does.
 _aten.impl("relu", lambda x: fallback.fallback(torch.ops.aten.clamp_min.default, x, 0), "PrivateUse1")
 _aten.impl("relu_", lambda x: fallback.fallback(torch.ops.aten.clamp_min_.default, x, 0), "PrivateUse1")
 

@@ -187,7 +187,7 @@ def wrap_numbers(traits: OpTraits, args: tuple, kwargs: dict) -> tuple[tuple, di
 
 
 # LITERALINCLUDE START: SWAP ARGUMENTS
-def swap(traits: OpTraits, args: tuple, kwargs: dict, device: torch.device, tensor_fn, target: str) -> tuple:
+def arguments_for(traits: OpTraits, args: tuple, kwargs: dict, device: torch.device, tensor_fn, target: str) -> tuple:
     """Arguments for a run on ``target`` ('meta' or 'cpu'): tensors mapped by ``tensor_fn``, a ``device``
     argument replaced, generators replaced by the openreg device generator's CPU state (random ops draw
     from the device's generator, never the CPU's default one) or, on meta, by None."""

@@ -15,7 +15,7 @@ A call goes through three steps, top to bottom in this module:
    ``out=`` arguments themselves.
 
 That is the whole mechanism. Accelerations (``torch_openreg/aten/fast/``, on unless
-``OPENREG_FALLBACK_FAST=0``) replace the methods of :class:`Plain`, the four places where they take
+``OPENREG_FALLBACK_FAST=0``) replace the methods of :class:`Choices`, the four places where they take
 over; they never change what a call computes.
 """
 
@@ -28,17 +28,18 @@ from typing import Any
 import torch
 
 import openreg
+from openreg import bounded
 from torch_openreg import _C, sync_debug
 from torch_openreg.timing import costs as timing_costs
 
 from . import cpu_rules
 from .arguments import (
+    arguments_for,
     call_key,
     device_of,
     host_view_or_self,
     host_view_or_snapshot,
     map_tensors,
-    swap,
     tensors_of,
     to_meta,
     wrap_numbers,
@@ -53,7 +54,7 @@ def fallback(op: torch._ops.OpOverload, *args: Any, **kwargs: Any) -> Any:
     """Run ``op`` for openreg tensors: decide, launch, hand back."""
     if openreg.timing.pricing:  # the timing model prices the launch this call makes (torch_openreg/timing)
         timing_costs.price_op(op, args, kwargs)
-    result = _path.run_known(op, args, kwargs)  # an acceleration's shortcut for a call shape it knows
+    result = _choices.run_known(op, args, kwargs)  # an acceleration's shortcut for a call shape it knows
     if result is not UNKNOWN:
         return result
     traits = traits_of(op)
@@ -67,13 +68,13 @@ def fallback(op: torch._ops.OpOverload, *args: Any, **kwargs: Any) -> Any:
             check = call.route is Route.CHECK and not openreg.is_capturing(openreg.current_stream(call.device.index))
             try:
                 with _Warnings(check) as warned:
-                    result = _path.launch(call, check)
+                    result = _choices.launch(call, check)
             except CpuDisagrees:
                 _remember(call, Route.NOW)  # the CPU kernel decides this call shape's outputs from now on
             else:
                 if check and not warned:  # a call shape that warned stays checked: each call warns, as on the CPU
                     _remember(call, Route.QUEUE)
-                    _path.clean(call)
+                    _choices.clean(call)
                 return result
         return run_now(call)
     except BaseException as exc:
@@ -109,6 +110,10 @@ class Call:
     meta: Any = None  # the outputs' metadata (meta tensors), for a queued route
     plan: Any = None  # what an acceleration learned from this call (see fast/)
 
+    def value(self, index: int) -> Any:
+        """The argument at schema position ``index``, as the CPU kernel takes it (positional or keyword)."""
+        return self.traits.value(self.args, self.kwargs, index)
+
 
 def decide(op: torch._ops.OpOverload, traits: OpTraits, args: tuple, kwargs: dict) -> Call:
     given = args, kwargs
@@ -122,7 +127,7 @@ def decide(op: torch._ops.OpOverload, traits: OpTraits, args: tuple, kwargs: dic
         route = _routes.get((op, key), Route.CHECK) if key is not None else Route.CHECK
     call = Call(op, traits, args, kwargs, given, tensors, device, key, route)
     if route is not Route.NOW:
-        call.meta = _path.meta_outputs(call)
+        call.meta = _choices.meta_outputs(call)
         # No meta kernel, data-dependent output shapes, a check that needs the data; or an out= argument the call
         # resizes, whose strides the CPU's TensorIterator takes from the inputs where the meta kernels (torch._refs)
         # make it contiguous: the CPU kernel decides.
@@ -136,7 +141,7 @@ def _resizes_out(call: Call) -> bool:
     metas = [call.meta] if len(call.traits.returns) == 1 else list(call.meta or ())
     return any(isinstance(m, torch.Tensor) and real.size() != m.size() and m.numel() > 1
                for ret, meta in zip(call.traits.returns, metas) if ret.kind is Kind.INPLACE
-               for real, m in pairs(call.traits.value(call.args, call.kwargs, ret.arg), meta))
+               for real, m in output_pairs(call.value(ret.arg), meta))
 
 
 _routes: dict[tuple, Route] = {}  # (op, call shape) -> its route, once decided
@@ -145,15 +150,13 @@ _ROUTES_SIZE = 8192
 
 def _remember(call: Call, route: Route) -> None:
     if call.key is not None:
-        if len(_routes) >= _ROUTES_SIZE:
-            _routes.clear()
-        _routes[(call.op, call.key)] = route
+        bounded.put(_routes, (call.op, call.key), route, _ROUTES_SIZE)
 
 
 def host_args(call: Call) -> tuple[tuple, dict]:
     """The CPU kernel's arguments for a queued kernel: host views of the openreg tensors, CPU scalars and
     indices read now (as CUDA copies them at the call), the device generator's CPU state for generators."""
-    return swap(call.traits, call.args, call.kwargs, call.device, host_view_or_snapshot, "cpu")
+    return arguments_for(call.traits, call.args, call.kwargs, call.device, host_view_or_snapshot, "cpu")
 
 
 def meta_run(call: Call) -> Any:
@@ -162,7 +165,7 @@ def meta_run(call: Call) -> Any:
     mismatched shapes): the call then runs now, and the CPU kernel raises its own error at the call.
     Profilers do not see it: it is the fallback's inference, not an operator the program called."""
     with _C._Unrecorded():
-        meta_args, meta_kwargs = swap(call.traits, call.args, call.kwargs, call.device, to_meta, "meta")
+        meta_args, meta_kwargs = arguments_for(call.traits, call.args, call.kwargs, call.device, to_meta, "meta")
         try:
             with _C._WarningRecorder():  # dropped: the CPU kernel gives the caller the operator's warnings
                 meta = call.op(*meta_args, **meta_kwargs)
@@ -175,7 +178,7 @@ def meta_run(call: Call) -> Any:
 
 
 NO_META = object()
-UNKNOWN = object()  # what Plain.run_known gives for a call it has no shortcut for
+UNKNOWN = object()  # what Choices.run_known gives for a call it has no shortcut for
 # LITERALINCLUDE END: DECIDE
 
 
@@ -190,12 +193,12 @@ def outputs(call: Call) -> list:
             outs.append(map_tensors(m, lambda t: torch.empty_strided(t.shape, t.stride(), dtype=t.dtype,
                                                                      device=device)))
         elif ret.kind is Kind.VIEW:
-            base = call.traits.value(call.args, call.kwargs, ret.arg)
+            base = call.value(ret.arg)
             outs.append(map_tensors(m, lambda t, base=base: _view_of(base, t, device)))
         else:
-            real = call.traits.value(call.args, call.kwargs, ret.arg)
+            real = call.value(ret.arg)
             for r, mm in ((real, m),) if isinstance(real, torch.Tensor) else zip(real, m):
-                match(r, mm)
+                fit_to(r, mm)
             outs.append(real)
     return outs
 
@@ -208,16 +211,17 @@ def _view_of(base: torch.Tensor, m: torch.Tensor, device: torch.device) -> torch
     return torch._neg_view(view) if base.is_neg() else view
 
 
-def match(real: torch.Tensor, m: torch.Tensor) -> bool:
+def fit_to(real: torch.Tensor, m: torch.Tensor) -> bool:
     """Give an ``out=``/in-place argument the shape and strides the operator gives it (resizing storage);
-    returns whether it already had them."""
+    returns whether it already had them (False: it was resized)."""
     if real.size() != m.size() or (real.numel() > 1 and real.stride() != m.stride()):
         real.set_(real.untyped_storage(), real.storage_offset(), m.size(), m.stride())
         return False
     return True
 
 
-def pack(results: list) -> Any:
+def as_return(results: list) -> Any:
+    """The operator's return value from its list of results: None, the one result, or a tuple."""
     return None if not results else results[0] if len(results) == 1 else tuple(results)
 # LITERALINCLUDE END: OUTPUTS
 
@@ -243,8 +247,8 @@ class CopyKernel:
     unless it shares memory with an input (``x.mul_(2)`` arrives as ``mul.out(x, 2, out=x)``): then
     the kernel writes it in place, as the CPU's does, overlaps and all.
     A class, not a closure: a closure is a function and one cell per captured name, all of which the
-    cyclic garbage collector walks while the launch is queued (with a thousand launches queued,
-    collections doubled the cost of a launch).
+    cyclic garbage collector walks while the launch is queued (docs/performance.md, "Few objects per
+    queued launch").
     """
 
     __slots__ = ("op", "args", "kwargs", "targets", "nreturns")
@@ -268,7 +272,7 @@ def launch_copy(call: Call, check: bool, kernel_type: type[CopyKernel] = CopyKer
     the CPU kernel over host views and writes its results into them."""
     outs = outputs(call)
     if call.traits.pure_view:
-        return pack(outs)  # a pure view: metadata only, nothing to compute
+        return as_return(outs)  # a pure view: metadata only, nothing to compute
     cpu_args, cpu_kwargs = host_args(call)
     fresh = [(i, o) for i, (r, o) in enumerate(zip(call.traits.returns, outs)) if r.kind is Kind.FRESH]
     written = [t for _, o in fresh for t in (o if isinstance(o, (list, tuple)) else [o]) if t is not None]
@@ -276,10 +280,10 @@ def launch_copy(call: Call, check: bool, kernel_type: type[CopyKernel] = CopyKer
     cpu_args = cpu_kwargs = None  # this frame may be in a traceback: the kernel holds the host views
     launch(call.device.index, kernel, tensors=[*call.tensors, *written], name=call.traits.name, sync=check,
            writes=write_set(call.traits, call.args, call.kwargs, written))
-    return pack(outs)
+    return as_return(outs)
 
 
-def pairs(view: Any, result: Any) -> list[tuple[torch.Tensor, Any]]:
+def output_pairs(view: Any, result: Any) -> list[tuple[torch.Tensor, Any]]:
     """``(output, result)`` pairs of one return or argument (a tensor or a list of tensors); None skipped."""
     if isinstance(view, torch.Tensor):
         return [(view, result)]
@@ -288,7 +292,7 @@ def pairs(view: Any, result: Any) -> list[tuple[torch.Tensor, Any]]:
 
 def copy_into(name: str, targets: list) -> None:
     """Copy CPU results into outputs' host views, all checked first: nothing is written when one disagrees."""
-    both = [p for view, result in targets for p in pairs(view, result)]
+    both = [p for view, result in targets for p in output_pairs(view, result)]
     for view, result in both:
         check_output(name, view, result)
     for view, result in both:
@@ -355,7 +359,7 @@ def run_now(call: Call) -> Any:
 
 
 def _run_now(call: Call) -> Any:
-    cpu_args, cpu_kwargs = swap(call.traits, call.args, call.kwargs, call.device, host_view_or_self, "cpu")
+    cpu_args, cpu_kwargs = arguments_for(call.traits, call.args, call.kwargs, call.device, host_view_or_self, "cpu")
     # out=: the CPU kernel writes a host tensor of the argument's size and strides (it keeps them, resizes it, or
     # warns, as it would the argument itself: arange keeps a 2x2 view of the right element count), copied over
     # after; unless it shares memory with an input (``x.mul_(2)`` arrives as ``mul.out(x, 2, out=x)``): then the
@@ -374,9 +378,9 @@ def _run_now(call: Call) -> Any:
         cpu_args = cpu_kwargs = None  # this frame stays in the traceback: it must not show the host views
         raise
     for name, host in outs.items():
-        for real, r in pairs(call.kwargs[name], host):
+        for real, r in output_pairs(call.kwargs[name], host):
             if real.size() != r.size():  # as resize_output: an out= of the right shape keeps its strides
-                match(real, r)
+                fit_to(real, r)
             real.copy_(r)
     results = [] if not call.traits.returns else [result] if len(call.traits.returns) == 1 else list(result)
     final = []
@@ -384,11 +388,11 @@ def _run_now(call: Call) -> Any:
         if ret.kind is Kind.FRESH:
             final.append(map_tensors(r, lambda t: t.to(call.device)))
         elif ret.kind is Kind.VIEW:
-            base = call.traits.value(call.args, call.kwargs, ret.arg)
+            base = call.value(ret.arg)
             final.append(map_tensors(r, lambda t, base=base: _host_alias_to_device(t, base, call.device)))
         else:
-            final.append(call.traits.value(call.args, call.kwargs, ret.arg))
-    return pack(final)
+            final.append(call.value(ret.arg))
+    return as_return(final)
 
 
 def _owned_results(op: torch._ops.OpOverload, args: tuple, kwargs: dict, fresh: list[bool]) -> Any:
@@ -420,8 +424,8 @@ def _host_alias_to_device(t: torch.Tensor, base: torch.Tensor, device: torch.dev
 # LITERALINCLUDE END: RUN NOW
 
 
-# LITERALINCLUDE START: PLAIN
-class Plain:
+# LITERALINCLUDE START: CHOICES
+class Choices:
     """The mechanism's own choices at the four places where an acceleration may take over (fast/)."""
 
     def run_known(self, op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
@@ -440,11 +444,11 @@ class Plain:
         """The call shape's first, checked, run raised nothing and warned nothing."""
 
 
-_path: Plain = Plain()
+_choices: Choices = Choices()
 
 
-def accelerate(path: Plain) -> None:
-    """Make ``path`` take the mechanism's choices (``torch_openreg.aten.fast.install``)."""
-    global _path
-    _path = path
-# LITERALINCLUDE END: PLAIN
+def set_choices(choices: Choices) -> None:
+    """Make ``choices`` take the mechanism's choices (``torch_openreg.aten.fast.install``)."""
+    global _choices
+    _choices = choices
+# LITERALINCLUDE END: CHOICES

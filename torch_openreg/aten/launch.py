@@ -82,13 +82,19 @@ def launch(device: int, fn: Callable[..., Any], *args: Any, tensors: tuple | lis
     if openreg.timing.pricing:  # the timing model: a launch its site did not price (torch_openreg/timing)
         timing_costs.price_launch(name, tensors, writes)
     try:
-        # the storages' extents: what the launch names (and OPENREG_MEMCHECK opens while it runs)
+        # the storages' extents: what the launch names (and OPENREG_MEMCHECK opens while it runs); what it
+        # writes, as written_extents gives it (inline: every Python kernel's launch passes here)
         written = _C._extents(writes) if writes is not None and openreg.sanitizer.enabled else None
         return launch_extents(device, fn, *args, extents=_C._extents(tensors), name=name, sync=sync,
                               writes=written, host_sync=host_sync)
     except BaseException:
         args = tensors = ()  # noqa: F841 - this frame is in the traceback: it must not show the host views
         raise
+
+
+def written_extents(writes: tuple | list | None) -> list | None:
+    """The extents of the tensors a launch writes, for the stream sanitizer (None while it is off, or not known)."""
+    return _C._extents(writes) if writes is not None and openreg.sanitizer.enabled else None
 
 
 def launch_extents(device: int, fn: Callable[..., Any], *args: Any, extents: list, name: str,

@@ -17,7 +17,7 @@ import torch
 
 import openreg
 from torch_openreg import _C
-from torch_openreg.aten.launch import launch_extents
+from torch_openreg.aten.launch import launch_extents, written_extents
 from torch_openreg.timing import costs as timing_costs
 
 _DEVICES: dict[int, torch.device] = {}
@@ -41,7 +41,7 @@ def launch_kernels(index: int, name: str, tensors: tuple, *calls: Callable | tup
     """
     if openreg.timing.pricing:  # the timing model prices the kernel by its bytes (torch_openreg/timing)
         timing_costs.price_kernel(name, tensors)
-    writes = _C._extents(written) if written is not None and openreg.sanitizer.enabled else None
+    writes = written_extents(written)
     calls = tuple(call if i % 2 == 0 else _views(call) for i, call in enumerate(calls))
     launch_extents(index, _run_kernels, calls, extents=_C._extents(tensors), name=name, writes=writes)
 

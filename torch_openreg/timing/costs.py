@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 import openreg
+from openreg import bounded
 from openreg.timing import Cost
 
 from . import formulas
@@ -130,9 +131,7 @@ def price_op(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> None:
         if training and cost.host == "op":
             cost = dataclasses.replace(cost, host="autograd")
         if key is not None:
-            if len(_cache) >= _CACHE_SIZE:
-                _cache.clear()
-            _cache[key] = cost
+            bounded.put(_cache, key, cost, _CACHE_SIZE)
     if cost.scratch and openreg.timing.active:
         note_scratch(next(iter(_tensors((args, kwargs))), None), cost.scratch, "conv_workspace", cost.scratch)
     openreg.timing.next_cost(launch_name(op), cost, _host_waits(op))

@@ -11,7 +11,7 @@ module                    what it saves
                           served from the outputs' device memory (``csrc/cpu_outputs.cpp``)
 ========================  ====================================================================
 
-They take over the mechanism's choices (``fallback.Plain``) once :func:`install` runs, which
+They take over the mechanism's choices (``fallback.Choices``) once :func:`install` runs, which
 ``torch_openreg.aten`` does unless ``OPENREG_FALLBACK_FAST=0``. The one process-wide change they
 need, a CPU allocator in front of PyTorch's, is made by ``served_outputs.install_allocator`` when
 the first kernel that needs it is built.
@@ -24,7 +24,7 @@ from . import call_plans, meta_cache
 
 
 # LITERALINCLUDE START: ACCELERATED
-class Accelerated(fallback.Plain):
+class Accelerated(fallback.Choices):
     """The mechanism's choices, made faster."""
 
     run_known = staticmethod(call_plans.run_known)
@@ -35,5 +35,5 @@ class Accelerated(fallback.Plain):
 
 def install() -> None:
     """Turn the accelerations on: they make the fallback's choices from now on."""
-    fallback.accelerate(Accelerated())
+    fallback.set_choices(Accelerated())
 # LITERALINCLUDE END: ACCELERATED

@@ -15,10 +15,11 @@ from typing import Any
 
 import torch
 
+from openreg import bounded
 from torch_openreg import _C
 
 from ..arguments import global_state, tensors_of
-from ..fallback import UNKNOWN, Call, host_args, launch_copy, match, pack, pairs, write_set
+from ..fallback import UNKNOWN, Call, as_return, fit_to, host_args, launch_copy, output_pairs, write_set
 from ..launch import detach_frames, launch_extents
 from ..traits import Kind, OpTraits, traits_of
 from .out_overloads import FunctionalOutKernel, OutKernel, out_overload, reduces
@@ -47,7 +48,7 @@ class Plan:
         outs, kernel = self.prepare(host_args, host_kwargs, extents, args, kwargs)
         launch_extents(self.index, kernel, extents=extents, name=self.traits.name, sync=check,
                        writes=write_set(self.traits, args, kwargs, outs, extents=True))
-        return pack(outs)
+        return as_return(outs)
 
 
 class ThroughOutOverload(Plan):
@@ -82,8 +83,8 @@ class GivenOut(Plan):
         given = tensors_of(tuple(call.kwargs.get(n) for n in traits.out_args), {})
         self.scratch = reduces(traits, given, call.tensors)
         for ret, m in zip(traits.returns, metas):
-            for real, mm in pairs(traits.value(call.args, call.kwargs, ret.arg), m):
-                self.cacheable &= match(real, mm)  # a resize depends on more than the call shape: not remembered
+            for real, mm in output_pairs(call.value(ret.arg), m):
+                self.cacheable &= fit_to(real, mm)  # a resize depends on more than the call shape: not remembered
 
     def prepare(self, host_args, host_kwargs, extents, args, kwargs) -> tuple[list, OutKernel]:
         outs = [self.traits.value(args, kwargs, ret.arg) for ret in self.traits.returns]
@@ -100,8 +101,8 @@ class InPlace(Plan):
         super().__init__(call, wrapped)
         traits = call.traits
         for ret, m in zip(traits.returns, metas):
-            for real, mm in pairs(traits.value(call.args, call.kwargs, ret.arg), m):
-                self.cacheable &= match(real, mm)  # a resize depends on more than the call shape: not remembered
+            for real, mm in output_pairs(call.value(ret.arg), m):
+                self.cacheable &= fit_to(real, mm)  # a resize depends on more than the call shape: not remembered
 
     def prepare(self, host_args, host_kwargs, extents, args, kwargs) -> tuple[list, OutKernel]:
         outs = [self.traits.value(args, kwargs, ret.arg) for ret in self.traits.returns]
@@ -139,7 +140,7 @@ class _OpPlans:
     __slots__ = ("traits", "numbers_by_type", "placed", "kind", "out", "plans")
 
     def __init__(self, traits: OpTraits, kind: type[Plan], out: tuple | None) -> None:
-        self.traits, self.kind, self.out, self.plans = traits, kind, out, {}
+        self.traits, self.kind, self.out, self.plans = traits, kind, out, _bound.new()
         self.numbers_by_type, self.placed = traits.numbers_by_type, traits.placed
 
 
@@ -167,8 +168,7 @@ def _plans_of(op: torch._ops.OpOverload) -> _OpPlans | None:
 
 _ops: dict[torch._ops.OpOverload, _OpPlans | None] = {}
 _MISSING = object()
-_PLANS_SIZE = 8192
-_plan_count = 0
+_bound = bounded.SharedBound(8192)  # every operator's plans together
 
 
 # LITERALINCLUDE START: RUN KNOWN
@@ -241,14 +241,7 @@ def _plan(entry: _OpPlans, call: Call) -> Plan | None:
 
 def clean(call: Call) -> None:
     """The call shape's first run was clean: keep its plan for the calls to come (the table is bounded)."""
-    global _plan_count
     if call.plan is None or call.key is None:
         return
-    if _plan_count >= _PLANS_SIZE:
-        for other in _ops.values():
-            if other is not None:
-                other.plans.clear()
-        _plan_count = 0
-    _ops[call.op].plans[call.key] = call.plan
-    _plan_count += 1
+    _bound.put(_ops[call.op].plans, call.key, call.plan)
 # LITERALINCLUDE END: PLAN A CALL

@@ -18,6 +18,8 @@ from typing import Any
 
 import torch
 
+from openreg import bounded
+
 from ..arguments import global_state
 from ..fallback import NO_META, Call, meta_run
 
@@ -40,14 +42,9 @@ def meta_outputs(call: Call) -> Any:
             meta = meta_run(call)
             if uniform is not None:
                 _keep_uniform(uniform, meta)
-        _keep(key, meta)
+        bounded.put(_cache, key, meta, _SIZE)  # (cleared when full)
     return meta
-
-
-def _keep(key: tuple, meta: Any) -> None:
-    if len(_cache) >= _SIZE:  # simply cleared when full
-        _cache.clear()
-    _cache[key] = meta
+# LITERALINCLUDE END: META CACHE
 
 
 # LITERALINCLUDE START: UNIFORM CALLS
@@ -95,10 +92,8 @@ def _keep_uniform(uniform: tuple, meta: Any) -> None:
     if meta is NO_META or not all(isinstance(m, torch.Tensor) and m.shape == uniform[2] and m.is_contiguous()
                                   for m in outs):
         return
-    if len(_uniform) >= _SIZE:
-        _uniform.clear()
-    _uniform[(uniform[0], uniform[1], len(uniform[2]) > 0, uniform[3])] = (isinstance(meta, tuple),
-                                                                          tuple(m.dtype for m in outs))
+    bounded.put(_uniform, (uniform[0], uniform[1], len(uniform[2]) > 0, uniform[3]),
+                (isinstance(meta, tuple), tuple(m.dtype for m in outs)), _SIZE)
 
 
 def _pointwise(op: torch._ops.OpOverload) -> bool:
@@ -111,4 +106,3 @@ def _pointwise(op: torch._ops.OpOverload) -> bool:
 _uniform: dict[tuple, tuple] = {}  # (op, settings, has dimensions, arguments without sizes) -> (tuple?, dtypes)
 _POINTWISE: dict[torch._ops.OpOverload, bool] = {}
 # LITERALINCLUDE END: UNIFORM CALLS
-# LITERALINCLUDE END: META CACHE

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from openreg import bounded
 from torch_openreg import _C
 
 from ..fallback import Call, check_output
@@ -84,9 +85,7 @@ class ServedKernel:
             if isinstance(result, torch.Tensor) and allocations and sizes.count(size) == 1:
                 ptr = _storage_ptr(result)
                 if ptr in allocations:
-                    if len(_SKIPS) >= _SKIPS_SIZE:
-                        _SKIPS.clear()
-                    _SKIPS[(self.shape, i)] = allocations.index(ptr)
+                    bounded.put(_SKIPS, (self.shape, i), allocations.index(ptr), _SKIPS_SIZE)
 
     def _copy_results(self, results: list, served: set[int]) -> None:
         copies = []
