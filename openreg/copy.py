@@ -164,23 +164,6 @@ def memcpy_dtoh_into(dst: int, src: int, nbytes: int, stream: Stream | None = No
     return True
 
 
-# LITERALINCLUDE START: READ NOW
-def wait_to_load(stream: Stream) -> bool:
-    """Whether a synchronous read of a few bytes ordered by ``stream`` may be a plain load through the device's
-    view, done by the caller: True once the stream's earlier work is done (waited for here, its kernel error
-    raised, as :func:`memcpy_dtoh` does), unless the stream is being captured or a feature on the launch path
-    (a launch hook: the stream sanitizer, memcheck, a profiler, timing) wants to see the transfer: then False,
-    and the caller takes :func:`memcpy_dtoh_into`, which checks, records and refuses as those need. A
-    ``.item()``, which PyTorch's test files call millions of times, then costs a wait and a load."""
-    q = stream._q
-    if q.capture is not None or hooks.any_registered():
-        return False
-    if q.error is not None or q.done < q.launched or q.busy:
-        stream.synchronize()
-    return True
-# LITERALINCLUDE END: READ NOW
-
-
 def _ready_to_read(src: int, nbytes: int, stream: Stream | None, name: str, about: object) -> Stream:
     """Before the engine reads ``nbytes`` at ``src``: the stream that orders the read has done its earlier
     work (run here, its errors reported) and the stream sanitizer has checked the read; that stream."""
@@ -220,3 +203,20 @@ def _checked(stream: Stream, ptr: int, nbytes: int, write: bool, name: str, abou
         if race is not None:
             raise race
 # LITERALINCLUDE END: COPY ENGINE
+
+
+# LITERALINCLUDE START: READ NOW
+def wait_to_load(stream: Stream) -> bool:
+    """Whether a synchronous read of a few bytes ordered by ``stream`` may be a plain load through the device's
+    view, done by the caller: True once the stream's earlier work is done (waited for here, its kernel error
+    raised, as :func:`memcpy_dtoh` does), unless the stream is being captured or a feature on the launch path
+    (a launch hook: the stream sanitizer, memcheck, a profiler, timing) wants to see the transfer: then False,
+    and the caller takes :func:`memcpy_dtoh_into`, which checks, records and refuses as those need. A
+    ``.item()``, which PyTorch's test files call millions of times, then costs a wait and a load."""
+    q = stream._q
+    if q.capture is not None or hooks.any_registered():
+        return False
+    if q.error is not None or q.done < q.launched or q.busy:
+        stream.synchronize()
+    return True
+# LITERALINCLUDE END: READ NOW

@@ -45,6 +45,7 @@ from .arguments import (
     wrap_numbers,
 )
 from .launch import detach_frames, host_view, launch, run_sync
+from .outputs import CpuDisagrees, as_return, copy_into, fit_to, output_pairs, outputs
 from .sparse import members
 from .traits import Kind, OpTraits, traits_of
 
@@ -182,50 +183,6 @@ UNKNOWN = object()  # what Choices.run_known gives for a call it has no shortcut
 # LITERALINCLUDE END: DECIDE
 
 
-# LITERALINCLUDE START: OUTPUTS
-def outputs(call: Call) -> list:
-    """Allocate fresh outputs, build views, and resize in-place and out= arguments to what the meta run says."""
-    metas = [call.meta] if len(call.traits.returns) == 1 else list(call.meta or ())
-    device = call.device
-    outs = []
-    for ret, m in zip(call.traits.returns, metas):
-        if ret.kind is Kind.FRESH:
-            outs.append(map_tensors(m, lambda t: torch.empty_strided(t.shape, t.stride(), dtype=t.dtype,
-                                                                     device=device)))
-        elif ret.kind is Kind.VIEW:
-            base = call.value(ret.arg)
-            outs.append(map_tensors(m, lambda t, base=base: _view_of(base, t, device)))
-        else:
-            real = call.value(ret.arg)
-            for r, mm in ((real, m),) if isinstance(real, torch.Tensor) else zip(real, m):
-                fit_to(r, mm)
-            outs.append(real)
-    return outs
-
-
-def _view_of(base: torch.Tensor, m: torch.Tensor, device: torch.device) -> torch.Tensor:
-    view = torch.empty(0, dtype=m.dtype, device=device).set_(base.untyped_storage(), m.storage_offset(), m.size(),
-                                                            m.stride())
-    if base.is_conj() and view.is_complex():  # a view of a lazily conjugated/negated tensor is one too
-        view = view.conj()
-    return torch._neg_view(view) if base.is_neg() else view
-
-
-def fit_to(real: torch.Tensor, m: torch.Tensor) -> bool:
-    """Give an ``out=``/in-place argument the shape and strides the operator gives it (resizing storage);
-    returns whether it already had them (False: it was resized)."""
-    if real.size() != m.size() or (real.numel() > 1 and real.stride() != m.stride()):
-        real.set_(real.untyped_storage(), real.storage_offset(), m.size(), m.stride())
-        return False
-    return True
-
-
-def as_return(results: list) -> Any:
-    """The operator's return value from its list of results: None, the one result, or a tuple."""
-    return None if not results else results[0] if len(results) == 1 else tuple(results)
-# LITERALINCLUDE END: OUTPUTS
-
-
 # LITERALINCLUDE START: LAUNCH COPY
 def _unshared_outs(call: Call) -> list[str]:
     """The call's ``out=`` arguments that share no storage with an input (those that do are written in place)."""
@@ -283,34 +240,6 @@ def launch_copy(call: Call, check: bool, kernel_type: type[CopyKernel] = CopyKer
     return as_return(outs)
 
 
-def output_pairs(view: Any, result: Any) -> list[tuple[torch.Tensor, Any]]:
-    """``(output, result)`` pairs of one return or argument (a tensor or a list of tensors); None skipped."""
-    if isinstance(view, torch.Tensor):
-        return [(view, result)]
-    return [(v, r) for v, r in zip(view or (), result or ()) if v is not None]
-
-
-def copy_into(name: str, targets: list) -> None:
-    """Copy CPU results into outputs' host views, all checked first: nothing is written when one disagrees."""
-    both = [p for view, result in targets for p in output_pairs(view, result)]
-    for view, result in both:
-        check_output(name, view, result)
-    for view, result in both:
-        view.copy_(result)
-
-
-class CpuDisagrees(RuntimeError):
-    """A CPU kernel's output differs in shape or dtype from what the meta kernel said (``nansum(x, dim=[])``
-    reduces everything on the CPU, nothing on meta): raised before any output is written."""
-
-
-def check_output(name: str, view: torch.Tensor, result: torch.Tensor) -> None:
-    """Raise :class:`CpuDisagrees` unless ``result`` (the CPU's) fits ``view`` (the meta kernel's output)."""
-    if result.shape != view.shape or result.dtype != view.dtype:
-        raise CpuDisagrees(
-            f"{name}: the CPU kernel gave an output of shape {tuple(result.shape)} and dtype {result.dtype} where "
-            f"the meta kernel said {tuple(view.shape)} and {view.dtype}"
-        )
 # LITERALINCLUDE END: LAUNCH COPY
 
 

@@ -19,8 +19,9 @@ from openreg import bounded
 from torch_openreg import _C
 
 from ..arguments import global_state, tensors_of
-from ..fallback import UNKNOWN, Call, as_return, fit_to, host_args, launch_copy, output_pairs, write_set
+from ..fallback import UNKNOWN, Call, host_args, launch_copy, write_set
 from ..launch import detach_frames, launch_extents
+from ..outputs import as_return, fit_to, output_pairs
 from ..traits import Kind, OpTraits, traits_of
 from .out_overloads import FunctionalOutKernel, OutKernel, out_overload, reduces
 from .served_outputs import ServedKernel, call_shape, install_allocator, served_kernel

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from ..fallback import CpuDisagrees, copy_into
+from ..outputs import CpuDisagrees, copy_into
 from ..traits import OpTraits
 
 

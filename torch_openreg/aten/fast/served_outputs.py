@@ -15,7 +15,8 @@ import torch
 from openreg import bounded
 from torch_openreg import _C
 
-from ..fallback import Call, check_output
+from ..fallback import Call
+from ..outputs import check_output
 
 _SKIPS_SIZE = 8192
 
