@@ -341,3 +341,35 @@ def test_index_fill_takes_a_cpu_index_as_cuda_does(index, no_leak):
         y = x.to("openreg")
         y.index_fill_(0, cpu_index, -1.0)
         torch.testing.assert_close(y.cpu(), x.index_fill(0, cpu_index, -1.0))
+
+
+@pytest.mark.parametrize("mode", ["reflect", "replicate"])
+@pytest.mark.parametrize("dims", [2, 3])
+def test_padding_keeps_a_channels_last_layout_as_on_the_cpu(mode, dims, no_leak):
+    # test_modules' test_memory_format: the CPU's pad kernels (and their backward) keep the input's channels-last
+    # layout where the meta kernels give contiguous outputs
+    layout = torch.channels_last if dims == 2 else torch.channels_last_3d
+    x = torch.randn(2, 3, *[4] * dims).to(memory_format=layout)
+    results = {}
+    for device in ("cpu", "openreg"):
+        given = x.to(device).requires_grad_()
+        out = torch.nn.functional.pad(given, (1, 2) * dims, mode=mode)
+        (grad,) = torch.autograd.grad(out, given, torch.ones_like(out))
+        results[device] = (out, grad)
+    for cpu, openreg in zip(results["cpu"], results["openreg"]):
+        assert openreg.stride() == cpu.stride()
+        torch.testing.assert_close(openreg.cpu(), cpu)
+
+
+def test_a_lazy_module_moves_to_openreg_and_changes_dtype_as_on_the_cpu(no_leak):
+    # test_modules' LazyConv float64 tests: .to(float64) copies an UninitializedParameter, whose ``.shape`` raises
+    results = {}
+    for device in ("cpu", "openreg"):
+        torch.manual_seed(0)
+        module = torch.nn.LazyConv1d(4, 3).to(device).to(torch.float64)
+        assert isinstance(module.weight, torch.nn.parameter.UninitializedParameter)
+        given = torch.randn(2, 3, 8, dtype=torch.float64).to(device)
+        torch.manual_seed(1)  # the parameters are drawn on first use, by the device's generator
+        results[device] = module(given)
+    assert results["openreg"].dtype == torch.float64
+    torch.testing.assert_close(results["openreg"].cpu(), results["cpu"])
