@@ -373,3 +373,15 @@ def test_a_lazy_module_moves_to_openreg_and_changes_dtype_as_on_the_cpu(no_leak)
         results[device] = module(given)
     assert results["openreg"].dtype == torch.float64
     torch.testing.assert_close(results["openreg"].cpu(), results["cpu"])
+
+
+def test_pow_of_bool_by_a_bool_exponent_stays_bool_as_on_the_cpu(no_leak):
+    # test_foreach's test_parity compares _foreach_pow with per-tensor pow: PyTorch's meta kernel types
+    # pow(bool, True) int64, the CPU kernel (and CUDA's) bool
+    results = {}
+    for device in ("cpu", "openreg"):
+        x = torch.tensor([True, False, True], device=device)
+        results[device] = (torch.pow(x, True), torch._foreach_pow([x, x[:2]], True)[0])
+    for cpu, openreg in zip(results["cpu"], results["openreg"]):
+        assert openreg.dtype == cpu.dtype == torch.bool
+        torch.testing.assert_close(openreg.cpu(), cpu)

@@ -22,7 +22,17 @@ def correct(traits: OpTraits, args: tuple, kwargs: dict, meta: Any) -> Any:
         return cpu_layout(args, meta)
     if traits.layout_of is not None:
         return input_layout(traits, args, kwargs, meta)
+    if traits.cpu_result_type:
+        return result_type(traits, args, kwargs, meta)
     return meta
+
+
+def result_type(traits: OpTraits, args: tuple, kwargs: dict, meta: Any) -> Any:
+    """The output in ``torch.result_type`` of the two operands, as the CPU kernel promotes them."""
+    dtype = torch.result_type(traits.value(args, kwargs, 0), traits.value(args, kwargs, 1))
+    if not isinstance(meta, torch.Tensor) or meta.dtype == dtype:
+        return meta
+    return torch.empty_strided(meta.shape, meta.stride(), dtype=dtype, device="meta")
 
 
 # LITERALINCLUDE START: CPU STATISTICS
