@@ -517,3 +517,47 @@ def test_copy_of_a_number_fills_as_on_the_cpu(value):
         expected = torch.zeros(2, 3, dtype=dtype).copy_(value)
         got = torch.zeros(2, 3, dtype=dtype, device="openreg").copy_(value)
         torch.testing.assert_close(got.cpu(), expected, equal_nan=True)
+
+
+@pytest.mark.parametrize("mode", ["reflect", "replicate"])
+@pytest.mark.parametrize("dims", [2, 3])
+def test_padding_keeps_a_channels_last_layout_as_on_the_cpu(mode, dims, no_leak):
+    # test_modules' test_memory_format: the CPU's pad kernels (and their backward) keep the input's channels-last
+    # layout where the meta kernels give contiguous outputs
+    layout = torch.channels_last if dims == 2 else torch.channels_last_3d
+    x = torch.randn(2, 3, *[4] * dims).to(memory_format=layout)
+    results = {}
+    for device in ("cpu", "openreg"):
+        given = x.to(device).requires_grad_()
+        out = torch.nn.functional.pad(given, (1, 2) * dims, mode=mode)
+        (grad,) = torch.autograd.grad(out, given, torch.ones_like(out))
+        results[device] = (out, grad)
+    for cpu, openreg in zip(results["cpu"], results["openreg"]):
+        assert openreg.stride() == cpu.stride()
+        torch.testing.assert_close(openreg.cpu(), cpu)
+
+
+def test_a_lazy_module_moves_to_openreg_and_changes_dtype_as_on_the_cpu(no_leak):
+    # test_modules' LazyConv float64 tests: .to(float64) copies an UninitializedParameter, whose ``.shape`` raises
+    results = {}
+    for device in ("cpu", "openreg"):
+        torch.manual_seed(0)
+        module = torch.nn.LazyConv1d(4, 3).to(device).to(torch.float64)
+        assert isinstance(module.weight, torch.nn.parameter.UninitializedParameter)
+        given = torch.randn(2, 3, 8, dtype=torch.float64).to(device)
+        torch.manual_seed(1)  # the parameters are drawn on first use, by the device's generator
+        results[device] = module(given)
+    assert results["openreg"].dtype == torch.float64
+    torch.testing.assert_close(results["openreg"].cpu(), results["cpu"])
+
+
+def test_pow_of_bool_by_a_bool_exponent_stays_bool_as_on_the_cpu(no_leak):
+    # test_foreach's test_parity compares _foreach_pow with per-tensor pow: PyTorch's meta kernel types
+    # pow(bool, True) int64, the CPU kernel (and CUDA's) bool
+    results = {}
+    for device in ("cpu", "openreg"):
+        x = torch.tensor([True, False, True], device=device)
+        results[device] = (torch.pow(x, True), torch._foreach_pow([x, x[:2]], True)[0])
+    for cpu, openreg in zip(results["cpu"], results["openreg"]):
+        assert openreg.dtype == cpu.dtype == torch.bool
+        torch.testing.assert_close(openreg.cpu(), cpu)

@@ -31,8 +31,11 @@ def _check_shapes(src: torch.Tensor, dst: torch.Tensor) -> None:
     where CUDA (and the CPU) check shapes on the host before anything runs. The check is ``copy_``'s own,
     over meta tensors (a few microseconds, paid only when the shapes differ).
     """
-    if not src.is_nested and src.shape != dst.shape:
-        torch.empty(dst.shape, device="meta").copy_(torch.empty(src.shape, device="meta"))
+    # TensorBase.size, not ``.shape``: a Tensor subclass may refuse ``.shape`` (nn's UninitializedParameter, which
+    # ``LazyConv1d().to("openreg").to(torch.float64)`` copies), as the CPU's C++ copy never asks it
+    src_shape, dst_shape = torch._C.TensorBase.size(src), torch._C.TensorBase.size(dst)
+    if not src.is_nested and src_shape != dst_shape:
+        torch.empty(dst_shape, device="meta").copy_(torch.empty(src_shape, device="meta"))
     if dst.layout != torch.strided:
         return
     if torch._debug_has_internal_overlap(dst) == 1:  # at::has_internal_overlap says MemOverlap::Yes

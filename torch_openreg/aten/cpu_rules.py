@@ -20,7 +20,19 @@ def correct(traits: OpTraits, args: tuple, kwargs: dict, meta: Any) -> Any:
         return cpu_statistics(traits, args, kwargs, meta)
     if traits.cpu_layout:
         return cpu_layout(args, meta)
+    if traits.layout_of is not None:
+        return input_layout(traits, args, kwargs, meta)
+    if traits.cpu_result_type:
+        return result_type(traits, args, kwargs, meta)
     return meta
+
+
+def result_type(traits: OpTraits, args: tuple, kwargs: dict, meta: Any) -> Any:
+    """The output in ``torch.result_type`` of the two operands, as the CPU kernel promotes them."""
+    dtype = torch.result_type(traits.value(args, kwargs, 0), traits.value(args, kwargs, 1))
+    if not isinstance(meta, torch.Tensor) or meta.dtype == dtype:
+        return meta
+    return torch.empty_strided(meta.shape, meta.stride(), dtype=dtype, device="meta")
 
 
 # LITERALINCLUDE START: CPU STATISTICS
@@ -57,4 +69,20 @@ def cpu_layout(args: tuple, meta: torch.Tensor) -> torch.Tensor:
     # a fresh tensor's strides, as the CPU kernel allocates its output: ``meta.contiguous(layout)`` would keep
     # the meta strides where both formats fit (size-1 dimensions), and kernels downstream choose by strides
     return torch.empty(meta.shape, dtype=meta.dtype, device="meta", memory_format=layout)
+
+
+def input_layout(traits: OpTraits, args: tuple, kwargs: dict, meta: Any) -> Any:
+    """The first output in the memory format the CPU kernel gives it: that of its input (``traits.layout_of``),
+    as ``suggest_memory_format`` says, where the meta kernel allocates a contiguous one."""
+    source = traits.value(args, kwargs, traits.layout_of)
+    first = meta[0] if isinstance(meta, tuple) else meta
+    if not isinstance(first, torch.Tensor) or not isinstance(source, torch.Tensor) or source.dim() != first.dim():
+        return meta
+    # ``suggest_memory_format`` (C++ only): channels-last where the strides are, contiguous where both fit
+    layout = next((f for f, n in ((torch.channels_last, 4), (torch.channels_last_3d, 5)) if source.dim() == n
+                   and source.is_contiguous(memory_format=f) and not source.is_contiguous()), None)
+    if layout is None:
+        return meta
+    fresh = torch.empty(first.shape, dtype=first.dtype, device="meta", memory_format=layout)
+    return (fresh, *meta[1:]) if isinstance(meta, tuple) else fresh
 # LITERALINCLUDE END: CPU STATISTICS

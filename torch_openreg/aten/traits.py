@@ -48,6 +48,19 @@ CPU_STATISTICS = {"aten::native_batch_norm", "aten::_native_batch_norm_legit", "
 # The convolution's meta kernel gives a contiguous output where the CPU's oneDNN kernel keeps a
 # channels-last input or weight channels-last: the meta run's output takes the CPU's layout (cpu_rules.cpu_layout).
 CPU_LAYOUT = {"aten::convolution"}
+# Operators whose CPU kernel gives ``torch.result_type`` of its first two arguments where PyTorch's meta kernel
+# differs: ``pow(bool_tensor, True)`` is bool on the CPU (and CUDA), int64 by the meta kernel (test_foreach's
+# test_parity for _foreach_pow compares with per-tensor pow). Functional overloads only (cpu_rules.result_type).
+CPU_RESULT_TYPE = {"aten::pow"}
+# Operators whose CPU kernel allocates its first output in the suggested memory format of one input (the position
+# given), where the meta kernel gives a contiguous one: PyTorch's test_modules checks channels-last outputs of the
+# padding modules (cpu_rules.input_layout); the backward kernels' gradient takes the layout of ``self`` (argument 1).
+CPU_LAYOUT_OF_INPUT = {
+    **dict.fromkeys(("aten::reflection_pad2d", "aten::reflection_pad3d", "aten::replication_pad2d",
+                     "aten::replication_pad3d"), 0),
+    **dict.fromkeys(("aten::reflection_pad2d_backward", "aten::reflection_pad3d_backward",
+                     "aten::replication_pad2d_backward", "aten::replication_pad3d_backward"), 1),
+}
 # Operators whose CUDA kernel reads its inputs on the host to check them (``.item()``: the host waits), so that a
 # bad value raises at the call, not at a later synchronization: such calls run now (``Route.NOW``). The value says
 # which calls check, from the arguments as called (traits.value): segment_reduce only without ``unsafe``; histc
@@ -101,6 +114,8 @@ class OpTraits:
     cpu_decides: bool  # CPU_DECIDES_OUTPUTS
     cpu_statistics: bool  # CPU_STATISTICS
     cpu_layout: bool  # CPU_LAYOUT
+    layout_of: int | None  # CPU_LAYOUT_OF_INPUT (functional overloads only)
+    cpu_result_type: bool  # CPU_RESULT_TYPE (functional overloads only)
     host_checks: Any  # HOST_CHECKS: which calls the host checks (None: none)
     pure_view: bool  # returns views of its arguments and writes nothing: metadata only, no kernel
     # The host waits for the device because of the data, as it would on CUDA (not because of what the simulator
@@ -163,6 +178,8 @@ def _read(op: torch._ops.OpOverload) -> OpTraits:
         cpu_decides=schema.name in CPU_DECIDES_OUTPUTS or (schema.name in CPU_DECIDES_OUT and bool(out_args)),
         cpu_statistics=schema.name in CPU_STATISTICS,
         cpu_layout=schema.name in CPU_LAYOUT,
+        layout_of=None if out_args else CPU_LAYOUT_OF_INPUT.get(schema.name),
+        cpu_result_type=schema.name in CPU_RESULT_TYPE and not out_args and not mutates,
         host_checks=HOST_CHECKS.get(schema.name),
         pure_view=bool(returns) and not mutates and all(r.kind is Kind.VIEW for r in returns),
         host_waits=bool({torch.Tag.dynamic_output_shape, torch.Tag.data_dependent_output} & set(op.tags))
