@@ -83,7 +83,8 @@ class Clock:
         capacity = self.profile.l2_cache_mib * (1 << 20)
         if not capacity:
             return None
-        extents = {(device, b[0]): b[1] for b in buffers}
+        # (a buffer named by its pointer alone, as Stream.launch accepts, has no known size: it is not cached)
+        extents = {(device, b[0]): b[1] for b in buffers if isinstance(b, tuple)}
         total = sum(extents.values())
         hit = sum(n for k, n in extents.items() if self.l2.get(k) == n)
         hit = max(hit - max(total - capacity, 0), 0)  # a launch larger than the cache evicts its own hits first

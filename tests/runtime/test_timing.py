@@ -200,6 +200,22 @@ def test_stream_order_and_event_elapsed_time_equal_the_clock(simulated):
     assert all(r.prediction.seconds == 0 for r in launches if r.name == "event_record")
 
 
+def test_a_launch_naming_its_buffers_by_pointer_alone_is_priced(simulated):
+    """``Stream.launch`` takes buffers as pointers or ``(pointer, nbytes)`` extents; the L2 model caches what it
+    knows the size of (a pointer alone raised a TypeError under simulated time)."""
+    ptr = openreg.malloc(4096)
+    try:
+        stream = openreg.Stream()
+        with timing.recording() as launches:
+            stream.launch(_noop, buffers=(ptr,), cost=Cost("elementwise", bytes=4096))
+            stream.launch(_noop, buffers=((ptr, 4096),), cost=Cost("elementwise", bytes=4096))
+        stream.synchronize()
+        assert [r.name for r in launches] == ["kernel", "kernel"]
+        assert all(r.prediction.seconds > 0 for r in launches)
+    finally:
+        openreg.free(ptr)
+
+
 def test_copy_and_compute_on_two_streams_overlap(simulated):
     copy = Cost("copy", bytes=2e8, link="h2d")
     compute = Cost("matrix", flops=2e12, bytes=1e8, dtype="bfloat16")
