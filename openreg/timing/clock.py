@@ -84,7 +84,7 @@ class Clock:
         if not capacity:
             return None
         # (a buffer named by its pointer alone, as Stream.launch accepts, has no known size: it is not cached)
-        extents = {(device, b[0]): b[1] for b in buffers if isinstance(b, tuple)}
+        extents = {(device, b[0]): b[1] for b in buffers if not isinstance(b, int)}
         total = sum(extents.values())
         hit = sum(n for k, n in extents.items() if self.l2.get(k) == n)
         hit = max(hit - max(total - capacity, 0), 0)  # a launch larger than the cache evicts its own hits first
