@@ -561,18 +561,3 @@ def test_pow_of_bool_by_a_bool_exponent_stays_bool_as_on_the_cpu(no_leak):
     for cpu, openreg in zip(results["cpu"], results["openreg"]):
         assert openreg.dtype == cpu.dtype == torch.bool
         torch.testing.assert_close(openreg.cpu(), cpu)
-
-
-# test_nn.test_upsamplingBiMode2d_nonsupported_dtypes: bilinear and bicubic upsampling of uint8 images is the
-# CPU kernel's alone; CUDA's refuses it ("not implemented for 'Byte'"), and so does openreg, at the call.
-@pytest.mark.parametrize("mode,antialias", [("bilinear", False), ("bicubic", False), ("bilinear", True),
-                                            ("bicubic", True)])
-def test_upsampling_uint8_images_is_refused_as_on_cuda(mode, antialias, no_leak):
-    import torch.nn.functional as F
-
-    x = torch.ones(1, 3, 16, 16, dtype=torch.uint8)
-    F.interpolate(x, (6, 6), mode=mode, antialias=antialias)  # the CPU takes it
-    with pytest.raises(RuntimeError, match="not implemented for 'Byte'"):
-        F.interpolate(x.to("openreg"), (6, 6), mode=mode, antialias=antialias)
-    got = F.interpolate(x.float().to("openreg"), (6, 6), mode=mode, antialias=antialias)  # floats: as before
-    torch.testing.assert_close(got.cpu(), F.interpolate(x.float(), (6, 6), mode=mode, antialias=antialias))

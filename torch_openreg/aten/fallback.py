@@ -47,7 +47,7 @@ from .arguments import (
 from .launch import detach_frames, host_view, launch, run_sync
 from .outputs import CpuDisagrees, as_return, copy_into, fit_to, output_pairs, outputs
 from .sparse import members
-from .traits import DTYPE_NAMES, Kind, OpTraits, traits_of
+from .traits import Kind, OpTraits, traits_of
 
 
 # LITERALINCLUDE START: FALLBACK
@@ -121,8 +121,6 @@ def decide(op: torch._ops.OpOverload, traits: OpTraits, args: tuple, kwargs: dic
     args, kwargs = wrap_numbers(traits, args, kwargs)
     tensors = tensors_of(args, kwargs)
     device = device_of(traits, tensors, kwargs)
-    if traits.cuda_refuses:
-        _refuse_as_cuda(traits, tensors)
     key = call_key(*given, traits.numbers_by_type, traits.placed)
     if not traits.returns_tensors or traits.cpu_decides or (traits.host_checks and traits.host_checks(traits, *given)):
         route = Route.NOW
@@ -138,14 +136,6 @@ def decide(op: torch._ops.OpOverload, traits: OpTraits, args: tuple, kwargs: dic
             call.route = Route.NOW
             _remember(call, Route.NOW)  # per call shape: x[mask] runs now, x[i] stays queued
     return call
-
-
-def _refuse_as_cuda(traits: OpTraits, tensors: list) -> None:
-    for t in tensors:
-        if t.dtype in traits.cuda_refuses:
-            kernel = traits.schema_name.split("::")[-1]
-            raise RuntimeError(f'"{kernel}" not implemented for \'{DTYPE_NAMES[t.dtype]}\' (on openreg, as on CUDA: '
-                               f"only the CPU's kernel takes this dtype)")
 
 
 def _resizes_out(call: Call) -> bool:

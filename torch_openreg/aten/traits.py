@@ -70,14 +70,6 @@ HOST_CHECKS = {
     "aten::histc": lambda traits, args, kwargs: (traits.value(args, kwargs, traits.positions["min"])
                                                 == traits.value(args, kwargs, traits.positions["max"])),
 }
-# Dtypes the CPU kernel takes and CUDA's refuses (its AT_DISPATCH lists): refused at the call with CUDA's message,
-# so that a program tested on openreg does not rely on what a GPU lacks. Bilinear and bicubic upsampling of uint8
-# images is the CPU's alone (its vectorized image path; test_nn's test_upsamplingBiMode2d_nonsupported_dtypes).
-CUDA_REFUSES = {
-    **dict.fromkeys(("aten::upsample_bilinear2d", "aten::_upsample_bilinear2d_aa", "aten::upsample_bicubic2d",
-                     "aten::_upsample_bicubic2d_aa"), frozenset({torch.uint8})),
-}
-DTYPE_NAMES = {torch.uint8: "Byte"}  # as c10's toString names them in "not implemented for" errors
 # LITERALINCLUDE END: NEVER FALLBACK
 
 
@@ -103,7 +95,6 @@ class OpTraits:
     name: str  # "aten::add.Tensor"
     schema_name: str  # "aten::add"
     blocked: str | None  # why it must never fall back (NEVER_FALLBACK), or None
-    cuda_refuses: frozenset  # the dtypes CUDA's kernel refuses and the CPU's takes (CUDA_REFUSES)
     arguments: tuple  # the schema's arguments
     positions: dict[str, int]  # argument name -> position
     tensor_args: tuple[int, ...]  # positions of the ``Tensor`` arguments (a Python number may stand there)
@@ -168,7 +159,6 @@ def _read(op: torch._ops.OpOverload) -> OpTraits:
         name=name,
         schema_name=schema.name,
         blocked=NEVER_FALLBACK.get(name) or NEVER_FALLBACK.get(schema.name),
-        cuda_refuses=CUDA_REFUSES.get(schema.name, frozenset()),
         arguments=arguments,
         positions={a.name: i for i, a in enumerate(arguments)},
         tensor_args=tuple(i for i, a in enumerate(arguments) if str(a.type) == "Tensor"),
