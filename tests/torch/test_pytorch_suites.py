@@ -561,3 +561,33 @@ def test_pow_of_bool_by_a_bool_exponent_stays_bool_as_on_the_cpu(no_leak):
     for cpu, openreg in zip(results["cpu"], results["openreg"]):
         assert openreg.dtype == cpu.dtype == torch.bool
         torch.testing.assert_close(openreg.cpu(), cpu)
+
+
+@pytest.mark.parametrize("calls", [1, 3])  # the first call takes the general path, the later ones its call plan
+def test_reading_a_lazy_clone_leaves_both_storages_shared_as_on_the_cpu(calls, no_leak):
+    """test_torch's test_lazy_clone_binary_op_no_materialize: an operator that only reads a copy-on-write
+    tensor leaves its storage shared (the CPU's kernels take const data); host views took mutable data."""
+    for _ in range(calls):
+        t = torch.tensor([[0, 1], [2, 3]], device="openreg", dtype=torch.float32)
+        clone = t._lazy_clone()
+        result = (t + clone).mul(2)
+        assert torch._C._is_cow_tensor(t) and torch._C._is_cow_tensor(clone)
+        torch.testing.assert_close(result.cpu(), torch.tensor([[0.0, 4.0], [8.0, 12.0]]))
+
+
+@pytest.mark.parametrize("write", ["in_place", "out", "copy"])
+def test_writing_a_lazy_clone_never_reaches_its_other_copy(write, no_leak):
+    """A written copy-on-write tensor is materialized before the kernel's host view is taken."""
+    for _ in range(3):  # and through the call plan
+        t = torch.arange(4.0, device="openreg")
+        clone = t._lazy_clone()
+        if write == "in_place":
+            clone.add_(t)
+        elif write == "out":
+            torch.mul(t, 3, out=clone)
+        else:
+            clone.copy_(torch.full((4,), 7.0, device="openreg"))
+        expected = {"in_place": [0.0, 2, 4, 6], "out": [0.0, 3, 6, 9], "copy": [7.0] * 4}[write]
+        torch.testing.assert_close(t.cpu(), torch.arange(4.0))
+        torch.testing.assert_close(clone.cpu(), torch.tensor(expected))
+        assert not torch._C._is_cow_tensor(clone)

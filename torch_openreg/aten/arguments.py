@@ -218,6 +218,16 @@ def host_view_or_snapshot(t: torch.Tensor) -> torch.Tensor:
     return host_view(t) if t.get_device() >= 0 else t.clone()
 
 
+def read_view_or_self(t: torch.Tensor) -> torch.Tensor:
+    """:func:`host_view_or_self` for an operator that writes no argument (copy-on-write storages stay shared)."""
+    return host_view(t, False) if t.get_device() >= 0 else t
+
+
+def read_view_or_snapshot(t: torch.Tensor) -> torch.Tensor:
+    """:func:`host_view_or_snapshot` for an operator that writes no argument."""
+    return host_view(t, False) if t.get_device() >= 0 else t.clone()
+
+
 def to_meta(t: torch.Tensor) -> torch.Tensor:
     """A meta tensor with an openreg tensor's sizes, strides, offset and storage size."""
     if t.get_device() < 0:

@@ -40,6 +40,8 @@ from .arguments import (
     host_view_or_self,
     host_view_or_snapshot,
     map_tensors,
+    read_view_or_self,
+    read_view_or_snapshot,
     tensors_of,
     to_meta,
     wrap_numbers,
@@ -157,7 +159,8 @@ def _remember(call: Call, route: Route) -> None:
 def host_args(call: Call) -> tuple[tuple, dict]:
     """The CPU kernel's arguments for a queued kernel: host views of the openreg tensors, CPU scalars and
     indices read now (as CUDA copies them at the call), the device generator's CPU state for generators."""
-    return arguments_for(call.traits, call.args, call.kwargs, call.device, host_view_or_snapshot, "cpu")
+    views = host_view_or_snapshot if call.traits.mutates else read_view_or_snapshot
+    return arguments_for(call.traits, call.args, call.kwargs, call.device, views, "cpu")
 
 
 def meta_run(call: Call) -> Any:
@@ -288,7 +291,8 @@ def run_now(call: Call) -> Any:
 
 
 def _run_now(call: Call) -> Any:
-    cpu_args, cpu_kwargs = arguments_for(call.traits, call.args, call.kwargs, call.device, host_view_or_self, "cpu")
+    views = host_view_or_self if call.traits.mutates else read_view_or_self
+    cpu_args, cpu_kwargs = arguments_for(call.traits, call.args, call.kwargs, call.device, views, "cpu")
     # out=: the CPU kernel writes a host tensor of the argument's size and strides (it keeps them, resizes it, or
     # warns, as it would the argument itself: arange keeps a 2x2 view of the right element count), copied over
     # after; unless it shares memory with an input (``x.mul_(2)`` arrives as ``mul.out(x, 2, out=x)``): then the

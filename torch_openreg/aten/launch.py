@@ -19,13 +19,15 @@ from torch_openreg import _C
 from torch_openreg.timing import costs as timing_costs
 
 
-def host_view(t: torch.Tensor) -> torch.Tensor:
+def host_view(t: torch.Tensor, writable: bool = True) -> torch.Tensor:
     """A CPU tensor over an openreg tensor's bytes, with its lazy conjugate/negative bits.
 
     Operators that handle those bits themselves (copies, dot, mm, ...) receive the tensor
     unresolved, so the host view carries them too (set by the bridge, in the same call).
+    A kernel that only reads ``t`` asks for it without ``writable``: a copy-on-write storage
+    (``Tensor._lazy_clone``) then stays shared, as the CPU's kernels leave it.
     """
-    return _C._host_view(t)
+    return _C._host_view(t, writable)
 
 
 def host_views(*tensors: torch.Tensor | None) -> list[torch.Tensor | None]:

@@ -15,7 +15,7 @@
 
 namespace openreg {
 
-at::Tensor host_view(const at::Tensor& t);
+at::Tensor host_view(const at::Tensor& t, bool writable = true); // module.cpp
 
 namespace {
 
@@ -97,7 +97,7 @@ bool describe(const py::handle& value, Description& d, py::object& key, py::obje
     const at::Tensor& t = THPVariable_Unpack(obj);
     if (t.device().is_privateuseone()) {
       key = tensor_key(t, d.placed, d.storages);
-      host = wrap(host_view(t));
+      host = wrap(host_view(t, /*writable=*/d.placed != UNPLACED)); // UNPLACED: the call writes no argument
       d.extents.append(extent(t));
       return true;
     }

@@ -41,7 +41,7 @@
 
 namespace openreg {
 
-at::Tensor host_view(const at::Tensor& t); // module.cpp
+at::Tensor host_view(const at::Tensor& t, bool writable = true); // module.cpp
 
 // LITERALINCLUDE START: CPP LAUNCH
 // Queue a C++ closure on the current stream of `device`, naming the storages it

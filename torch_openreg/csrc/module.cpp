@@ -70,7 +70,7 @@ void* view_address(const void* ptr) {
 // compare storages) see two views of the same device memory as aliases, as CUDA's checks do: without
 // it, `x[1:].copy_(x[:-1])` or `torch.add(a, 1, out=b)` with overlapping a and b computed garbage.
 // The CPU storage's bytes are the device storage's view (view_address): kernels compute through it.
-c10::Storage host_storage(const c10::Storage& device) {
+c10::Storage host_storage(const c10::Storage& device, const void* data) {
   struct Entry {
     void* base;
     size_t nbytes;
@@ -78,7 +78,7 @@ c10::Storage host_storage(const c10::Storage& device) {
   };
   static std::mutex lock;
   static std::unordered_map<const c10::StorageImpl*, Entry> shared;
-  void* base = view_address(device.mutable_data());
+  void* base = view_address(const_cast<void*>(data));
   size_t nbytes = device.nbytes();
   std::lock_guard<std::mutex> guard(lock);
   auto found = shared.find(device.unsafeGetStorageImpl());
@@ -100,13 +100,17 @@ c10::Storage host_storage(const c10::Storage& device) {
 
 // A CPU tensor over the same bytes as an openreg tensor (same sizes, strides,
 // offset and dtype): what a kernel computes on while the runtime grants access.
-at::Tensor host_view(const at::Tensor& t) {
+// A kernel that only reads the tensor takes it without ``writable``: a copy-on-write storage
+// (``Tensor._lazy_clone``) then stays shared, as the CPU's kernels leave it (they take
+// const_data_ptr); a written one is materialized first, so the write never reaches its clones.
+at::Tensor host_view(const at::Tensor& t, bool writable) {
   TORCH_CHECK(t.device().is_privateuseone(), "host_view expects an openreg tensor, got one on ", t.device());
-  void* base = t.storage().mutable_data();
+  const auto& storage = t.storage();
+  void* base = writable ? storage.mutable_data() : const_cast<void*>(storage.data());
   if (base == nullptr) {
     return at::empty_strided(t.sizes(), t.strides(), t.options().device(c10::kCPU));
   }
-  auto view = at::detail::make_tensor<c10::TensorImpl>(host_storage(t.storage()),
+  auto view = at::detail::make_tensor<c10::TensorImpl>(host_storage(storage, base),
                                                        c10::DispatchKeySet(c10::DispatchKey::CPU), t.dtype());
   view.unsafeGetTensorImpl()->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
   // The lazy conjugate/negative bits travel with the view: operators that resolve them
@@ -171,7 +175,8 @@ at::Tensor ipc_tensor(uintptr_t data, int64_t nbytes, c10::DeviceIndex index, ui
 PYBIND11_MODULE(_C, m) {
   openreg::register_hooks();
   openreg::register_serialization();
-  m.def("_host_view", &openreg::host_view, "CPU tensor aliasing an openreg tensor's device memory");
+  m.def("_host_view", &openreg::host_view, "CPU tensor aliasing an openreg tensor's device memory", py::arg("t"),
+        py::arg("writable") = true);
   m.def("_cpu_alias", &openreg::cpu_alias, "CPU tensor sharing a CPU tensor's storage, without its autograd state");
   m.def("_cpu_generator", &openreg::cpu_generator, "the CPU generator an openreg generator forwards to");
   m.def("_default_generator", [](c10::DeviceIndex index) { return openreg::default_generator(index); },
