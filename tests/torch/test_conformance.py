@@ -105,6 +105,22 @@ def test_the_runner_expects_outputs_where_the_sample_puts_them() -> None:
     assert status == FAIL and "expected on openreg" in message
 
 
+def test_sparse_layouts_are_swept_against_the_cpu(tmp_path) -> None:
+    """Every sparse layout an OpInfo has samples in runs on openreg and the CPU (issue 29: the sweep covers the
+    layouts its samples offer); ``sparse.mm.reduce`` (CSR inputs, gradients compared) was skipped before."""
+    from torch_openreg.testing.opinfo import LAYOUTS
+
+    results = run(["sum", "mul", "sparse.mm"], dtypes=(torch.float32,), limit=2, layouts=tuple(LAYOUTS))
+    bad = [f"{r.op} ({r.kind}): {r.status}: {r.message}" for r in results if r.status in (FAIL, ERROR)]
+    assert not bad, "\n".join(bad)
+    ran = {(r.op, r.layout) for r in results if r.status == PASS}
+    assert {("sum", "sparse_coo"), ("sum", "sparse_csr"), ("sum", "sparse_bsc"), ("mul", "sparse_csr"),
+            ("sparse.mm.reduce", "strided")} <= ran, sorted(ran)
+    path = tmp_path / "report.md"
+    write_report(results, str(path), "python -m torch_openreg.testing.opinfo --layouts all ...", 2, 1.0)
+    assert "| float32 sparse_csr |" in path.read_text()
+
+
 def test_report_totals(results, tmp_path) -> None:
     path = tmp_path / "report.md"
     write_report(results, str(path), "python -m torch_openreg.testing.opinfo --ops ...", 2, 10.0)

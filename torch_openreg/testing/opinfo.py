@@ -10,6 +10,9 @@ Usage (one command regenerates ``docs/conformance.md``)::
 
     python -m torch_openreg.testing.opinfo --dtypes float32,bfloat16,int64 --limit 3 --output docs/conformance.md
 
+``--layouts`` adds the sparse layouts an OpInfo has samples for (``OpInfo.sample_inputs_sparse``):
+``--layouts all`` is every layout of ``LAYOUTS``.
+
 The command line runs the operators in worker subprocesses: an operator that crashes the interpreter
 or hangs is recorded as ``error`` and the run goes on with the next one.
 """
@@ -28,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import unittest
 from collections.abc import Iterable
 from typing import Any
 
@@ -71,20 +75,28 @@ SAME_ALGORITHM = {
     "_AUTO_DEFAULTS); the CPU reference runs with acc_policy='compact'",
 }
 # Operators not run at all.
-SKIP = {
-    "sparse.sampled_addmm": "sparse CSR sample inputs: the runner's CPU reference cannot copy them (tests/torch/"
-    "test_sparse.py compares the operator)",
-    "sparse.mm.reduce": "sparse CSR sample inputs: the runner's CPU reference cannot copy them (tests/torch/"
-    "test_sparse.py compares torch.sparse.mm)",
-}
+SKIP: dict[str, str] = {}
 # LITERALINCLUDE END: EXCEPTIONS
+
+# LITERALINCLUDE START: LAYOUTS
+# The layouts a sample can come in, with the OpInfo flag that says the operator has samples in it
+# (``OpInfo.sample_inputs_sparse(layout, ...)``); strided samples are ``OpInfo.sample_inputs``.
+LAYOUTS = {
+    "strided": (torch.strided, None),
+    "sparse_coo": (torch.sparse_coo, "supports_sparse"),
+    "sparse_csr": (torch.sparse_csr, "supports_sparse_csr"),
+    "sparse_csc": (torch.sparse_csc, "supports_sparse_csc"),
+    "sparse_bsr": (torch.sparse_bsr, "supports_sparse_bsr"),
+    "sparse_bsc": (torch.sparse_bsc, "supports_sparse_bsc"),
+}
+# LITERALINCLUDE END: LAYOUTS
 
 PASS, FAIL, ERROR, SKIPPED = "pass", "fail", "error", "skip"
 
 
 @dataclasses.dataclass
 class Result:
-    """The outcome of one operator in one dtype."""
+    """The outcome of one operator in one dtype and sample layout."""
 
     op: str
     dtype: str
@@ -93,6 +105,12 @@ class Result:
     samples: int = 0
     message: str = ""
     seconds: float = 0.0
+    layout: str = "strided"
+
+    @property
+    def kind(self) -> str:
+        """The dtype, with the samples' layout when it is not strided: the report's rows."""
+        return self.dtype if self.layout == "strided" else f"{self.dtype} {self.layout}"
 
 
 class SampleTimeout(Exception):
@@ -132,6 +150,8 @@ def _to_cpu(t: torch.Tensor) -> torch.Tensor:
     ``as_strided`` read outside the view). CPU tensors in a sample stay as they are (e.g. CPU indices)."""
     if t.device.type != DEVICE:
         return t
+    if t.layout != torch.strided:  # sparse: its indices and values, copied as they are
+        return t.detach().cpu().requires_grad_(t.requires_grad)
     storage = t.untyped_storage().cpu()
     copy = torch.empty(0, dtype=t.dtype).set_(storage, t.storage_offset(), t.size(), t.stride())
     if t.is_conj():
@@ -286,23 +306,33 @@ def run_sample(op, sample, dtype: torch.dtype, check_grad: bool, seed: int = 0) 
 
 
 # LITERALINCLUDE START: RUN OP
-def run_op(op, dtype: torch.dtype, limit: int | None = None, timeout: float = 30.0) -> Result:
-    """Every sample (or the first ``limit``) of one OpInfo in one dtype, openreg against the CPU."""
+def run_op(op, dtype: torch.dtype, limit: int | None = None, timeout: float = 30.0,
+           layout: str = "strided") -> Result:
+    """Every sample (or the first ``limit``) of one OpInfo in one dtype and layout, openreg against the CPU."""
     name, dname = op_name(op), str(dtype).removeprefix("torch.")
     start = time.perf_counter()
     if name in SKIP or op.name in SKIP:
-        return Result(name, dname, SKIPPED, message=SKIP.get(name) or SKIP[op.name])
+        return Result(name, dname, SKIPPED, message=SKIP.get(name) or SKIP[op.name], layout=layout)
     if dtype not in op.supported_dtypes("cpu"):
-        return Result(name, dname, SKIPPED, message="dtype not supported on the CPU")
+        return Result(name, dname, SKIPPED, message="dtype not supported on the CPU", layout=layout)
+    torch_layout, flag = LAYOUTS[layout]
+    if flag is not None and not getattr(op, flag, False):
+        return Result(name, dname, SKIPPED, message=f"no {layout} samples", layout=layout)
     check_grad = dtype == torch.float32 and op.supports_autograd
-    result = Result(name, dname, PASS)
+    result = Result(name, dname, PASS, layout=layout)
     try:
         with _deadline(timeout):
-            samples = list(op.sample_inputs(DEVICE, dtype, requires_grad=check_grad))
+            if flag is None:
+                samples = list(op.sample_inputs(DEVICE, dtype, requires_grad=check_grad))
+            else:
+                samples = list(op.sample_inputs_sparse(torch_layout, DEVICE, dtype, requires_grad=check_grad))
+    except (NotImplementedError, unittest.SkipTest) as exc:  # the OpInfo claims the layout but has no samples in it
+        return Result(name, dname, SKIPPED, message=f"no {layout} samples: " + first_line(exc), layout=layout)
     except Exception as exc:  # noqa: BLE001 - making the inputs on openreg is part of the test
         with contextlib.suppress(Exception):
             torch.openreg.synchronize()
-        return Result(name, dname, ERROR, message="making sample inputs on openreg fails: " + first_line(exc))
+        return Result(name, dname, ERROR, message="making sample inputs on openreg fails: " + first_line(exc),
+                      layout=layout)
     skipped = []
     for sample in samples[:limit] if limit else samples:
         try:
@@ -344,15 +374,17 @@ def select_ops(names: Iterable[str] | None = None, exact: bool = False) -> list:
 
 
 def run(ops: Iterable[str] | None = None, dtypes: Iterable[torch.dtype] = (torch.float32,),
-        limit: int | None = None, timeout: float = 30.0, progress=None) -> list[Result]:
+        limit: int | None = None, timeout: float = 30.0, progress=None,
+        layouts: Iterable[str] = ("strided",)) -> list[Result]:
     """Run in this process (no crash isolation); ``progress(result)`` is called after each operator."""
     results = []
     for op in select_ops(ops):
         for dtype in dtypes:
-            r = run_op(op, dtype, limit, timeout)
-            results.append(r)
-            if progress:
-                progress(r)
+            for layout in layouts:
+                r = run_op(op, dtype, limit, timeout, layout)
+                results.append(r)
+                if progress:
+                    progress(r)
     return results
 
 
@@ -362,7 +394,7 @@ def run(ops: Iterable[str] | None = None, dtypes: Iterable[torch.dtype] = (torch
 def totals(results: list[Result]) -> dict[str, collections.Counter]:
     by_dtype: dict[str, collections.Counter] = {}
     for r in results:
-        by_dtype.setdefault(r.dtype, collections.Counter())[r.status] += 1
+        by_dtype.setdefault(r.kind, collections.Counter())[r.status] += 1
     return by_dtype
 
 
@@ -398,14 +430,14 @@ def write_report(results: list[Result], path: str, command: str, limit: int | No
     if problems:
         lines += ["| operator | dtype | status | samples passed | first error |", "|---|---|---|---|---|"]
         for r in problems:
-            lines.append(f"| `{r.op}` | {r.dtype} | {r.status} | {r.passed}/{r.samples} | {_escape(r.message)} |")
+            lines.append(f"| `{r.op}` | {r.kind} | {r.status} | {r.passed}/{r.samples} | {_escape(r.message)} |")
     else:
         lines.append("None.")
     lines += ["", "## Every operator", "",
               "| operator | dtype | status | samples passed | note |", "|---|---|---|---|---|"]
     for r in results:
         note = _escape(r.message) if r.status != PASS else ""
-        lines.append(f"| `{r.op}` | {r.dtype} | {r.status} | {r.passed}/{r.samples} | {note} |")
+        lines.append(f"| `{r.op}` | {r.kind} | {r.status} | {r.passed}/{r.samples} | {note} |")
     with open(path, "w") as f:
         f.write("\n".join(lines) + "\n")
 
@@ -419,24 +451,31 @@ def _worker(args) -> None:
     for op in select_ops(args.ops.split(","), exact=True):
         print(json.dumps({"start": op_name(op)}), flush=True)
         for dtype in dtypes:
-            r = run_op(op, dtype, args.limit, args.timeout)
-            print(json.dumps(dataclasses.asdict(r)), flush=True)
+            for layout in args.layouts.split(","):
+                r = run_op(op, dtype, args.limit, args.timeout, layout)
+                print(json.dumps(dataclasses.asdict(r)), flush=True)
+
+
+def _kinds(args) -> dict[tuple[str, str], str]:
+    """(dtype, layout) -> the report's row name, for every pair the command line asks for."""
+    pairs = [(d, layout) for d in args.dtypes.split(",") for layout in args.layouts.split(",")]
+    return {(d, layout): Result("", d, PASS, layout=layout).kind for d, layout in pairs}
 
 
 def _supervise(ops: list[str], args, log) -> list[Result]:
     """Run ``ops`` in worker subprocesses; a worker that dies or stalls costs one operator, not the run."""
     results: list[Result] = []
     pending = list(ops)
-    dtypes = args.dtypes.split(",")
+    kinds = _kinds(args)
     stall = args.timeout * 4 + 120
     while pending:
         cmd = [sys.executable, "-m", "torch_openreg.testing.opinfo", "--worker", "--ops", ",".join(pending),
-               "--dtypes", args.dtypes, "--timeout", str(args.timeout)]
+               "--dtypes", args.dtypes, "--layouts", args.layouts, "--timeout", str(args.timeout)]
         if args.limit:
             cmd += ["--limit", str(args.limit)]
         stderr = tempfile.TemporaryFile(mode="w+")
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=stderr, text=True)
-        current, done_dtypes = None, []
+        current, done = None, []
         sel = selectors.DefaultSelector()
         sel.register(proc.stdout, selectors.EVENT_READ)
         last = time.monotonic()
@@ -458,22 +497,23 @@ def _supervise(ops: list[str], args, log) -> list[Result]:
                     continue
                 item = json.loads(line)
                 if "start" in item:
-                    current, done_dtypes = item["start"], []
+                    current, done = item["start"], []
                     continue
                 r = Result(**item)
                 results.append(r)
-                done_dtypes.append(r.dtype)
+                done.append(r.kind)
                 log(r)
-                if len(done_dtypes) == len(dtypes) and current in pending:
+                if len(done) == len(kinds) and current in pending:
                     pending.remove(current)
         proc.wait()
         if current is not None and current in pending:  # the worker died or stalled in this operator
             how = "crashed" if proc.returncode not in (0, -9) else "stalled"
             stderr.seek(0)
             last = ([line for line in stderr.read().splitlines() if line.strip()] or [""])[-1][:200]
-            for d in dtypes:
-                if d not in done_dtypes:
-                    r = Result(current, d, ERROR, message=f"worker {how} (exit code {proc.returncode}): {last}")
+            for (d, layout), kind in kinds.items():
+                if kind not in done:
+                    r = Result(current, d, ERROR, message=f"worker {how} (exit code {proc.returncode}): {last}",
+                               layout=layout)
                     results.append(r)
                     log(r)
             pending.remove(current)
@@ -488,11 +528,18 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m torch_openreg.testing.opinfo", description=__doc__.split("\n")[0])
     parser.add_argument("--ops", default="", help="comma-separated OpInfo names (default: the whole op_db)")
     parser.add_argument("--dtypes", default="float32", help="comma-separated dtypes, e.g. float32,bfloat16,int64")
+    parser.add_argument("--layouts", default="strided",
+                        help="comma-separated sample layouts (LAYOUTS: strided, sparse_coo, sparse_csr, ...) or 'all'")
     parser.add_argument("--limit", type=int, default=None, help="at most N sample inputs per operator and dtype")
     parser.add_argument("--timeout", type=float, default=30.0, help="seconds allowed per sample")
     parser.add_argument("--output", default=None, help="write the markdown report here (e.g. docs/conformance.md)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.layouts == "all":
+        args.layouts = ",".join(LAYOUTS)
+    unknown = set(args.layouts.split(",")) - set(LAYOUTS)
+    if unknown:
+        parser.error(f"unknown layouts {sorted(unknown)}: choose from {', '.join(LAYOUTS)} or 'all'")
     if args.worker:
         _worker(args)
         return 0
@@ -501,7 +548,7 @@ def main(argv: list[str] | None = None) -> int:
     start = time.monotonic()
 
     def log(r: Result) -> None:
-        print(f"{r.op:45s} {r.dtype:9s} {r.status:5s} {r.passed}/{r.samples} {r.seconds:6.1f}s {r.message[:100]}",
+        print(f"{r.op:45s} {r.kind:9s} {r.status:5s} {r.passed}/{r.samples} {r.seconds:6.1f}s {r.message[:100]}",
               flush=True)
 
     results = _supervise(ops, args, log)
