@@ -108,6 +108,11 @@ class Result:
     layout: str = "strided"
 
     @property
+    def offered(self) -> bool:
+        """False for a sparse layout the operator has no samples in: left out of the report."""
+        return self.layout == "strided" or not (self.status == SKIPPED and self.message.startswith("no "))
+
+    @property
     def kind(self) -> str:
         """The dtype, with the samples' layout when it is not strided: the report's rows."""
         return self.dtype if self.layout == "strided" else f"{self.dtype} {self.layout}"
@@ -403,6 +408,7 @@ def _escape(text: str) -> str:
 
 
 def write_report(results: list[Result], path: str, command: str, limit: int | None, seconds: float) -> None:
+    results = [r for r in results if r.offered]
     counts = totals(results)
     lines = [
         "(conformance)=",
@@ -548,12 +554,14 @@ def main(argv: list[str] | None = None) -> int:
     start = time.monotonic()
 
     def log(r: Result) -> None:
+        if not r.offered:
+            return
         print(f"{r.op:45s} {r.kind:9s} {r.status:5s} {r.passed}/{r.samples} {r.seconds:6.1f}s {r.message[:100]}",
               flush=True)
 
     results = _supervise(ops, args, log)
     seconds = time.monotonic() - start
-    for dtype, c in totals(results).items():
+    for dtype, c in totals([r for r in results if r.offered]).items():
         print(f"{dtype}: " + ", ".join(f"{c[s]} {s}" for s in (PASS, FAIL, ERROR, SKIPPED)))
     if args.output:
         command = "python -m torch_openreg.testing.opinfo " + " ".join(
