@@ -316,13 +316,13 @@ def run_op(op, dtype: torch.dtype, limit: int | None = None, timeout: float = 30
     """Every sample (or the first ``limit``) of one OpInfo in one dtype and layout, openreg against the CPU."""
     name, dname = op_name(op), str(dtype).removeprefix("torch.")
     start = time.perf_counter()
+    torch_layout, flag = LAYOUTS[layout]
+    if flag is not None and not getattr(op, flag, False):
+        return Result(name, dname, SKIPPED, message=f"no {layout} samples", layout=layout)
     if name in SKIP or op.name in SKIP:
         return Result(name, dname, SKIPPED, message=SKIP.get(name) or SKIP[op.name], layout=layout)
     if dtype not in op.supported_dtypes("cpu"):
         return Result(name, dname, SKIPPED, message="dtype not supported on the CPU", layout=layout)
-    torch_layout, flag = LAYOUTS[layout]
-    if flag is not None and not getattr(op, flag, False):
-        return Result(name, dname, SKIPPED, message=f"no {layout} samples", layout=layout)
     check_grad = dtype == torch.float32 and op.supports_autograd
     result = Result(name, dname, PASS, layout=layout)
     try:
