@@ -12,7 +12,17 @@ import torch
 
 from torch_openreg.aten import arguments, fallback
 from torch_openreg.aten.fast import call_plans
-from torch_openreg.aten.traits import ABSOLUTE, RELATIVE, UNPLACED, traits_of
+from torch_openreg.aten.traits import (
+    ABSOLUTE,
+    NUMBER_CLASS,
+    NUMBER_TYPE,
+    NUMBER_VALUE,
+    RELATIVE,
+    UNPLACED,
+    traits_of,
+)
+
+META_RUN = fallback.meta_run
 
 DEV = torch.device("openreg", 0)
 
@@ -234,6 +244,9 @@ def _key_cases():
         "cpu scalar": ((x, torch.tensor(3.0), torch.tensor(2, dtype=torch.int8)), {}, False),
         "lists": (([x, None, x[0]], [1, 2.0, True], (3, 4)), {"dim": [0, 1]}, False),
         "number lists by type": (([x, x], [0.1, 0.2]), {}, True),
+        "numbers by class": ((x, 0, -0.0, 0.5, -2, 127, 127.5, 128, -128.5, 255, 65504.0, 65505, 2**31, 2**63 - 1,
+                              3.3e38, 3.4e38, 1e300, 10**400, -10**400, float("inf"), -float("inf"), float("nan"),
+                              True, 1j, [0.25, 300]), {"alpha": 1e-3}, NUMBER_CLASS),
         "other values": ((x, None, "mean", torch.float16, torch.channels_last), {"keepdim": False}, False),
         "generator": ((x, torch.Generator()), {"generator": None}, False),
         "second device": ((torch.ones(3, device="openreg:1") if torch.openreg.device_count() > 1 else x,), {}, False),
@@ -340,3 +353,62 @@ print(_C._cpu_output_allocator_installed())
     proc = run_python(code)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["Accelerated", "False", "False", "True"]
+
+
+def test_pointwise_numbers_count_by_their_class():
+    """A pointwise operator's ints and floats are keyed by type, sign and the dtype limits they pass
+    (traits.NUMBER_CLASS), so a number that changes every call (LBFGS's ``p.add_(d, alpha=t)``) is one call shape,
+    while a number a check tells apart (zero, a sign, NaN, infinity, an overflow) is another."""
+    x = torch.randn(4, device=DEV)
+
+    def key(*numbers):
+        return arguments.call_key((x, *numbers), {}, NUMBER_CLASS)
+
+    assert key(0.5) == key(0.001) == key(1.0) and key(2) == key(100) and key(-0.25) == key(-1e-9)
+    different = [key(0.5), key(0.0), key(-0.5), key(2.0), key(127.5), key(255.5), key(70000.0), key(1e39),
+                 key(float("inf")), key(-float("inf")), key(float("nan")), key(2), key(True), key(-2)]
+    assert len(set(different)) == len(different)
+    assert traits_of(torch.ops.aten.add_.Tensor).numbers == NUMBER_CLASS
+    assert traits_of(torch.ops.aten.arange.start_step).numbers == NUMBER_VALUE  # its numbers shape the output
+    assert traits_of(torch.ops.aten.bernoulli_.float).numbers == NUMBER_VALUE  # random: p's range is checked
+    assert traits_of(torch.ops.aten._foreach_add_.Scalar).numbers == NUMBER_TYPE
+
+
+def test_a_number_that_changes_every_call_takes_one_plan(monkeypatch, fallback_fast, no_leak):
+    """test_optim's LBFGS: ``p.add_(d, alpha=t)`` and ``x * s`` with a new number each step took the general path
+    (a meta run and a checking run, milliseconds) every time; the results still follow each call's number."""
+    from torch_openreg.aten.fast import meta_cache
+
+    seen = []
+    for module in (fallback, meta_cache):  # the general path's meta run, wherever it is reached from
+        monkeypatch.setattr(module, "meta_run", lambda call: seen.append(call.traits.name) or META_RUN(call))
+    p, d = torch.randn(17, 3), torch.randn(17, 3)
+    dp, dd = p.to(DEV), d.to(DEV)
+    for step in range(12):
+        t = 0.0123 * (step + 1) ** 1.5
+        p.add_(d, alpha=-t)
+        dp.add_(dd, alpha=-t)
+        scaled, dscaled = p * t, dp * t  # a number in a Tensor position: each call wraps its own
+        torch.testing.assert_close(dscaled.cpu(), scaled)
+    torch.testing.assert_close(dp.cpu(), p)
+    assert seen.count("aten::add_.Tensor") <= 2 and seen.count("aten::mul.Tensor") <= 2, seen
+
+
+@pytest.mark.parametrize("call, good, bad, match", [
+    (lambda x, v: torch.celu(x, v), 1.5, 0.0, "alpha cannot be 0"),
+    (lambda x, v: torch.nn.functional.softshrink(x, v), 0.5, -0.5, "lambda must be"),
+    (lambda x, v: torch.threshold(x.to(torch.uint8), v, 0), 200, 300, "overflow"),
+    (lambda x, v: x.to(torch.float16).add(x.to(torch.float16), alpha=v), 2.0, 70000.0, "overflow"),
+    (lambda x, v: torch.pow(x.to(torch.int64), v), 2, -1, "negative integer powers"),
+])
+def test_a_number_a_check_refuses_still_raises_at_the_call(call, good, bad, match, asynchronous, no_leak):
+    """A number of another class than the cached call shape's gets its own checking run: the CPU's error at the
+    call, not a late error on the stream."""
+    x = torch.arange(1.0, 7.0)
+    for _ in range(3):
+        torch.testing.assert_close(call(x.to(DEV), good).cpu(), call(x, good))
+    with pytest.raises(RuntimeError, match=match):
+        call(x, bad)
+    with pytest.raises(RuntimeError, match=match):
+        call(x.to(DEV), bad)
+    torch.openreg.synchronize()

@@ -7,6 +7,7 @@ schema tells about the arguments.
 
 from __future__ import annotations
 
+import bisect
 from typing import Any
 
 import torch
@@ -15,7 +16,7 @@ import openreg
 from torch_openreg import _C
 
 from .launch import host_view
-from .traits import ABSOLUTE, CPU_INDICES_OK, RELATIVE, OpTraits
+from .traits import ABSOLUTE, CPU_INDICES_OK, NUMBER_CLASS, NUMBER_TYPE, NUMBER_VALUE, RELATIVE, OpTraits
 
 NUMBERS = (bool, int, float, complex)
 
@@ -63,11 +64,11 @@ _DEVICES = [torch.device("openreg", i) for i in range(openreg.device_count())]
 
 
 # LITERALINCLUDE START: CALL KEY
-def call_key(args: tuple, kwargs: dict, numbers_by_type: bool = False, placed: int = ABSOLUTE) -> tuple | None:
+def call_key(args: tuple, kwargs: dict, numbers: int = NUMBER_VALUE, placed: int = ABSOLUTE) -> tuple | None:
     """The call shape: everything output metadata and the CPU kernel's checks depend on: the process-wide
     settings that change an operator's result (:func:`global_state`) and the arguments' key
     (:func:`arguments_key`). Every cache of the fallback is keyed by it. None when the call cannot be keyed."""
-    key = arguments_key(args, kwargs, numbers_by_type, placed)
+    key = arguments_key(args, kwargs, numbers, placed)
     return None if key is None else (global_state(), key)
 
 
@@ -85,29 +86,30 @@ _default_dtype = torch.get_default_dtype
 _deterministic = torch._C._get_deterministic_algorithms
 
 
-def arguments_key(args: tuple, kwargs: dict, numbers_by_type: bool = False, placed: int = ABSOLUTE) -> tuple | None:
+def arguments_key(args: tuple, kwargs: dict, numbers: int = NUMBER_VALUE, placed: int = ABSOLUTE) -> tuple | None:
     """The arguments' part of the call shape, one flat tuple.
 
     An openreg tensor is ``(device index, dtype, conj | neg << 1, place, storage bytes, *sizes, *strides)``,
     where ``place`` and the bytes follow ``placed`` (above): 0 and 0 when UNPLACED; the storage offset when
     ABSOLUTE; when RELATIVE, ``(storage number, offset - that storage's first offset)``, the storages numbered
     in order of appearance. A CPU tensor is ``(-1, dtype, *sizes, *strides)``; a number ``(type, value)``
-    (2, 2.0 and True are equal but promote differently; by type alone for ``numbers_by_type``); a list
+    (2, 2.0 and True are equal but promote differently), ``type`` alone for NUMBER_TYPE, and for NUMBER_CLASS
+    ``(type, *number_class(value))`` when it is an int or a float (traits.py's NUMBER KEYS); a list
     the tuple of its items' keys; a keyword argument ``(name, key)``; anything else itself. None when
     the call cannot be keyed: an argument cannot be hashed, or a CPU boolean mask (the meta run reads
     it: its count of True values is the output's length). ``csrc/call_args.cpp`` computes the same key.
     """
     storages = {} if placed == RELATIVE else None
     try:
-        key = (*(_key(a, numbers_by_type, placed, storages) for a in args),
-               *((k, _key(v, numbers_by_type, placed, storages)) for k, v in kwargs.items()))
+        key = (*(_key(a, numbers, placed, storages) for a in args),
+               *((k, _key(v, numbers, placed, storages)) for k, v in kwargs.items()))
         hash(key)
     except TypeError:
         return None
     return key
 
 
-def _key(value: Any, by_type: bool, placed: int, storages: dict | None) -> Any:
+def _key(value: Any, numbers: int, placed: int, storages: dict | None) -> Any:
     if isinstance(value, torch.Tensor):
         index = value.get_device()
         if index >= 0:
@@ -124,10 +126,41 @@ def _key(value: Any, by_type: bool, placed: int, storages: dict | None) -> Any:
             raise TypeError("a CPU mask: its values shape the outputs")
         return (-1, value.dtype, *value.shape, *value.stride())
     if isinstance(value, (list, tuple)):
-        return tuple(_key(v, by_type, placed, storages) for v in value)
+        return tuple(_key(v, numbers, placed, storages) for v in value)
     if isinstance(value, NUMBERS):
-        return type(value) if by_type else (type(value), value)
+        if numbers == NUMBER_TYPE:
+            return type(value)
+        if numbers == NUMBER_CLASS and type(value) in (int, float):
+            return (type(value), *number_class(value))
+        return (type(value), value)
     return None if isinstance(value, torch.Generator) else value
+
+
+# Every dtype's largest value (as a double), in order: bool 1, int8 127 (and -128), uint8, float8_e4m3fn,
+# int16, float8_e5m2, float16, uint16, int32, uint32, int64, bfloat16, float32. A Scalar converted to a dtype
+# overflows past its limit (c10::checked_convert), so two numbers between the same limits pass or fail alike.
+NUMBER_LIMITS = (0.0, 1.0, 127.0, 128.0, 255.0, 448.0, 32767.0, 32768.0, 57344.0, 65504.0, 65535.0,
+                 2147483647.0, 2147483648.0, 4294967295.0, 9223372036854775807.0, 3.3895313892515355e38,
+                 3.4028234663852886e38)
+
+
+def number_class(value: int | float) -> tuple[int, int]:
+    """(sign, class) of an int or float: NaN (0, -1); an infinity (sign, -2); else the first of
+    :data:`NUMBER_LIMITS` at or above its magnitude (an int beyond doubles: past the last limit).
+    ``csrc/call_args.cpp`` computes the same pair."""
+    try:
+        x = float(value)
+    except OverflowError:
+        return (1 if value > 0 else -1, len(NUMBER_LIMITS))
+    if x != x:
+        return (0, -1)
+    sign = (x > 0) - (x < 0)
+    if x in (_INF, -_INF):
+        return (sign, -2)
+    return (sign, bisect.bisect_left(NUMBER_LIMITS, abs(x)))
+
+
+_INF = float("inf")
 # LITERALINCLUDE END: CALL KEY
 
 

@@ -123,7 +123,7 @@ def decide(op: torch._ops.OpOverload, traits: OpTraits, args: tuple, kwargs: dic
     args, kwargs = wrap_numbers(traits, args, kwargs)
     tensors = tensors_of(args, kwargs)
     device = device_of(traits, tensors, kwargs)
-    key = call_key(*given, traits.numbers_by_type, traits.placed)
+    key = call_key(*given, traits.numbers, traits.placed)
     if not traits.returns_tensors or traits.cpu_decides or (traits.host_checks and traits.host_checks(traits, *given)):
         route = Route.NOW
     else:

@@ -19,6 +19,15 @@ ABSOLUTE = 1  # the storage offset and size: a view's offset is its input's plus
 RELATIVE = 2  # the storage size, and the offset only against the other arguments in the same storage: what
 #               an in-place or out= kernel's overlap checks see (``x[i] += y[i]`` for every i is one call shape)
 
+# LITERALINCLUDE START: NUMBER KEYS
+# How a Python number argument counts in a call shape (``OpTraits.numbers``, arguments.call_key):
+NUMBER_VALUE = 0  # its type and value: a number may shape the outputs (a size, a dimension, arange's end)
+NUMBER_TYPE = 1  # its type alone: optimizers' numbers (foreach, fused), which change every step
+NUMBER_CLASS = 2  # its type and its value's class (arguments.number_class): a pointwise operator's numbers shape
+#                   its outputs by their type alone, and its checks see only a number's sign, zero, NaN, infinity
+#                   and the dtype limits it exceeds (an int8 or float16 overflow), never the value itself
+# LITERALINCLUDE END: NUMBER KEYS
+
 # LITERALINCLUDE START: NEVER FALLBACK
 # Operators whose CPU kernel would be wrong for device memory: they raise instead.
 NEVER_FALLBACK = {
@@ -104,7 +113,7 @@ class OpTraits:
     mutates: bool  # writes an argument
     functional: bool  # returns only fresh tensors and writes nothing
     returns_tensors: bool  # returns only tensors (else the host needs the values now)
-    numbers_by_type: bool  # its numbers never shape its outputs (optimizers'): keyed by type alone
+    numbers: int  # how its Python numbers count in a call shape (NUMBER_VALUE / NUMBER_TYPE / NUMBER_CLASS)
     # How much of where its tensors sit in their storage its outputs and checks depend on (arguments.py's
     # UNPLACED / ABSOLUTE / RELATIVE): a view's offset is absolute; written arguments need only the overlaps
     # with the other arguments (relative); fresh outputs need none, so the slices of a tensor (``x[i]`` for
@@ -172,7 +181,7 @@ def _read(op: torch._ops.OpOverload) -> OpTraits:
         returns_tensors=all(str(r.type) in ("Tensor", "List[Tensor]", "Optional[Tensor]") for r in schema.returns),
         # An optimizer's numbers (a learning rate, Adam's bias corrections) change every step but never the
         # output metadata: keying calls by their values would treat every step as a new call shape.
-        numbers_by_type=schema.name.startswith(("aten::_foreach_", "aten::_fused_")),
+        numbers=_numbers(schema.name, op.tags),
         placed=_placement(returns, mutates),
         loss="reduction" in (a.name for a in arguments),
         cpu_decides=schema.name in CPU_DECIDES_OUTPUTS or (schema.name in CPU_DECIDES_OUT and bool(out_args)),
@@ -185,6 +194,14 @@ def _read(op: torch._ops.OpOverload) -> OpTraits:
         host_waits=bool({torch.Tag.dynamic_output_shape, torch.Tag.data_dependent_output} & set(op.tags))
         or schema.name in HOST_CHECKS,
     )
+
+
+def _numbers(name: str, tags: list) -> int:
+    if name.startswith(("aten::_foreach_", "aten::_fused_")):
+        return NUMBER_TYPE
+    if torch.Tag.pointwise in tags and torch.Tag.nondeterministic_seeded not in tags:
+        return NUMBER_CLASS  # LBFGS's ``p.add_(d, alpha=t)`` with a new t each step: one call shape, not one each
+    return NUMBER_VALUE
 
 
 def _placement(returns: tuple, mutates: bool) -> int:

@@ -5,6 +5,9 @@
 // under it and how the call runs is decided in Python. This file only reads tensors and builds
 // tuples, which costs ~1 us here and ~5 us per call in Python.
 #include <ATen/ops/empty_strided.h>
+#include <algorithm>
+#include <cmath>
+#include <iterator>
 #include <vector>
 #include <torch/csrc/DynamicTypes.h>
 #include <torch/csrc/Generator.h>
@@ -66,8 +69,10 @@ py::tuple tensor_key(const at::Tensor& t, int placed, Storages& storages) {
 }
 // LITERALINCLUDE END: DESCRIBE TENSOR
 
+enum Numbers : int { NUMBER_VALUE = 0, NUMBER_TYPE = 1, NUMBER_CLASS = 2 }; // traits.py's NUMBER KEYS
+
 struct Description {
-  bool numbers_by_type;
+  int numbers;
   int placed;
   py::list extents;
   Storages storages;
@@ -77,11 +82,37 @@ bool is_number(PyObject* obj) {
   return PyBool_Check(obj) || PyLong_Check(obj) || PyFloat_Check(obj) || PyComplex_Check(obj);
 }
 
-// A number's key: (type, value), or its type alone for operators whose numbers never shape outputs
-// (2, 2.0 and True are equal but promote differently: the type is part of the key).
+// arguments.NUMBER_LIMITS: every dtype's largest value as a double, in order.
+constexpr double kNumberLimits[] = {0.0, 1.0, 127.0, 128.0, 255.0, 448.0, 32767.0, 32768.0, 57344.0, 65504.0,
+                                    65535.0, 2147483647.0, 2147483648.0, 4294967295.0, 9223372036854775807.0,
+                                    3.3895313892515355e38, 3.4028234663852886e38};
+
+// arguments.number_class: (type, sign, class) of an exact int or float.
+py::object number_class(const py::handle& value, const py::handle& type) {
+  PyObject* obj = value.ptr();
+  double x = PyFloat_CheckExact(obj) ? PyFloat_AS_DOUBLE(obj) : PyLong_AsDouble(obj);
+  constexpr auto n = static_cast<long>(std::size(kNumberLimits));
+  if (x == -1.0 && PyErr_Occurred()) { // an int beyond doubles
+    PyErr_Clear();
+    return py::make_tuple(type, py::reinterpret_borrow<py::int_>(value) > py::int_(0) ? 1 : -1, n);
+  }
+  if (std::isnan(x)) return py::make_tuple(type, 0, -1);
+  int sign = (x > 0) - (x < 0);
+  if (std::isinf(x)) return py::make_tuple(type, sign, -2);
+  auto found = std::lower_bound(std::begin(kNumberLimits), std::end(kNumberLimits), std::fabs(x));
+  return py::make_tuple(type, sign, static_cast<long>(found - std::begin(kNumberLimits)));
+}
+
+// A number's key: (type, value); its type alone for operators whose numbers never shape outputs; (type, sign,
+// class) for pointwise operators' ints and floats (2, 2.0 and True are equal but promote differently: the type
+// is part of the key).
 py::object number_key(const py::handle& value, const Description& d) {
   py::handle type(reinterpret_cast<PyObject*>(Py_TYPE(value.ptr())));
-  return d.numbers_by_type ? py::reinterpret_borrow<py::object>(type) : py::object(py::make_tuple(type, value));
+  if (d.numbers == NUMBER_TYPE) return py::reinterpret_borrow<py::object>(type);
+  if (d.numbers == NUMBER_CLASS && (PyLong_CheckExact(value.ptr()) || PyFloat_CheckExact(value.ptr()))) {
+    return number_class(value, type);
+  }
+  return py::make_tuple(type, value);
 }
 
 // One argument: its key and its host-side form. False when only the general path can take it
@@ -142,8 +173,8 @@ bool describe(const py::handle& value, Description& d, py::object& key, py::obje
 
 // LITERALINCLUDE START: DESCRIBE CALL
 // [call shape, host args, host kwargs, extents] of a call, or None when the general path must take it.
-py::object describe_call(const py::tuple& args, const py::dict& kwargs, bool numbers_by_type, int placed) {
-  Description d{numbers_by_type, placed, py::list(), {}};
+py::object describe_call(const py::tuple& args, const py::dict& kwargs, int numbers, int placed) {
+  Description d{numbers, placed, py::list(), {}};
   auto n = static_cast<size_t>(args.size());
   py::tuple key(n + kwargs.size());
   py::tuple host_args(n);

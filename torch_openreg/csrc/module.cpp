@@ -24,7 +24,7 @@ namespace openreg {
 void register_hooks();
 void register_serialization();
 void copy_backend_meta(const at::Tensor& src, const at::Tensor& dst);
-py::object describe_call(const py::tuple& args, const py::dict& kwargs, bool numbers_by_type, int placed);
+py::object describe_call(const py::tuple& args, const py::dict& kwargs, int numbers, int placed);
 py::tuple empty_like_meta(const at::Tensor& meta, c10::DeviceIndex index);
 std::vector<std::vector<uintptr_t>> set_cpu_output_targets(const std::vector<at::Tensor>& tensors,
                                                            const std::vector<int64_t>& skips);
@@ -191,7 +191,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("_describe_call", &openreg::describe_call,
         "[call shape, host args, host kwargs, extents] of an operator call, or None (the call plans); "
         "placed: the call shape has each tensor's storage offset and size",
-        py::arg("args"), py::arg("kwargs"), py::arg("numbers_by_type"), py::arg("placed") = true);
+        py::arg("args"), py::arg("kwargs"), py::arg("numbers"), py::arg("placed") = true);
   m.def("_empty_like_meta", &openreg::empty_like_meta, "(openreg tensor shaped like a meta tensor, host view, extent)");
   m.def("_set_cpu_output_targets", &openreg::set_cpu_output_targets,
         "serve this thread's next CPU allocations of these tensors' sizes from their memory, after letting "

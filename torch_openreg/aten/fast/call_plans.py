@@ -22,7 +22,7 @@ from ..arguments import global_state, tensors_of
 from ..fallback import UNKNOWN, Call, host_args, launch_copy, write_set
 from ..launch import detach_frames, launch_extents
 from ..outputs import as_return, fit_to, output_pairs
-from ..traits import Kind, OpTraits, traits_of
+from ..traits import NUMBER_CLASS, NUMBER_TYPE, Kind, OpTraits, traits_of
 from .out_overloads import FunctionalOutKernel, OutKernel, out_overload, reduces
 from .served_outputs import ServedKernel, call_shape, install_allocator, served_kernel
 
@@ -33,11 +33,14 @@ _NUMBERS = (bool, int, float, complex)
 class Plan:
     """How calls of one call shape run; a kind of plan per way of writing the outputs (the subclasses)."""
 
-    __slots__ = ("op", "traits", "index", "wrapped", "cacheable")
+    __slots__ = ("op", "traits", "index", "wrapped", "rewrap", "cacheable")
 
     def __init__(self, call: Call, wrapped: tuple) -> None:
         self.op, self.traits, self.index = call.op, call.traits, call.device.index
         self.wrapped = wrapped  # (position, 0-dim tensor) of the numbers passed for Tensor arguments
+        # The call shape has those numbers' classes, not their values: each call wraps its own (its dtype is
+        # the first call's, which depends on the number's type alone).
+        self.rewrap = call.traits.numbers == NUMBER_CLASS
         self.cacheable = True  # whether a later call with the same call shape may run this plan as it is
 
     def run(self, host_args, host_kwargs: dict, extents: list, args: tuple, kwargs: dict, check: bool) -> Any:
@@ -45,7 +48,9 @@ class Plan:
         if self.wrapped:
             host_args = list(host_args)
             for i, number in self.wrapped:
-                host_args[i] = number
+                value = host_args[i]
+                host_args[i] = number if not self.rewrap or isinstance(value, torch.Tensor) else \
+                    torch.tensor(value, dtype=number.dtype)
         outs, kernel = self.prepare(host_args, host_kwargs, extents, args, kwargs)
         launch_extents(self.index, kernel, extents=extents, name=self.traits.name, sync=check,
                        writes=write_set(self.traits, args, kwargs, outs, extents=True))
@@ -138,11 +143,11 @@ class Served(Plan):
 class _OpPlans:
     """An operator's kind of plan and its plans by call shape."""
 
-    __slots__ = ("traits", "numbers_by_type", "placed", "kind", "out", "plans")
+    __slots__ = ("traits", "numbers", "placed", "kind", "out", "plans")
 
     def __init__(self, traits: OpTraits, kind: type[Plan], out: tuple | None) -> None:
         self.traits, self.kind, self.out, self.plans = traits, kind, out, _bound.new()
-        self.numbers_by_type, self.placed = traits.numbers_by_type, traits.placed
+        self.numbers, self.placed = traits.numbers, traits.placed
 
 
 def _plans_of(op: torch._ops.OpOverload) -> _OpPlans | None:
@@ -180,7 +185,7 @@ def run_known(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
         entry = _plans_of(op)
     if entry is None:
         return UNKNOWN
-    described = _C._describe_call(args, kwargs, entry.numbers_by_type, entry.placed)
+    described = _C._describe_call(args, kwargs, entry.numbers, entry.placed)
     if described is None:  # an argument only the general path takes (a CPU tensor that is not a 0-dim scalar)
         return UNKNOWN
     try:
@@ -233,9 +238,10 @@ def _plan(entry: _OpPlans, call: Call) -> Plan | None:
         return None
     numbers = [i for i in traits.tensor_args if isinstance(traits.value(*call.given, i), _NUMBERS)]
     plan = entry.kind(call, tuple((i, call.args[i]) for i in numbers if i < len(call.args)), metas, entry.out)
-    # Numbers passed for Tensor arguments: the call shape has their values, so their wrapped tensors are the
-    # plan's; not when it has their types only, or when they were passed by keyword (not put back in place).
-    if numbers and (traits.numbers_by_type or numbers[-1] >= len(call.args)):
+    # Numbers passed for Tensor arguments: the call shape has their values (or classes: then each call wraps
+    # its own), so their wrapped tensors are the plan's; not when it has their types only, or when they were
+    # passed by keyword (not put back in place).
+    if numbers and (traits.numbers == NUMBER_TYPE or numbers[-1] >= len(call.args)):
         plan.cacheable = False
     return plan
 
