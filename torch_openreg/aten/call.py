@@ -76,6 +76,8 @@ class Call:
         """Its arguments as meta tensors, for the meta run that describes its outputs."""
         return arguments_for(self.traits, self.args, self.kwargs, self.device, to_meta, "meta")
 
+    # LITERALINCLUDE END: CALL
+
     # LITERALINCLUDE START: WRITE SET
     def writes(self, fresh: Any = ()) -> list[torch.Tensor]:
         """What a launch of it writes, for the stream sanitizer: the arguments its schema marks written (an
@@ -90,4 +92,3 @@ def written_by(traits: OpTraits, args: tuple, kwargs: dict, fresh: Any = ()) -> 
                if a.alias_info is not None and a.alias_info.is_write]
     return [*tensors_of(tuple(written), {}), *(t for t in fresh if isinstance(t, torch.Tensor))]
 # LITERALINCLUDE END: WRITE SET
-# LITERALINCLUDE END: CALL
