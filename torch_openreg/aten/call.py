@@ -45,6 +45,7 @@ class Call:
     route: Route
     meta: Any = None  # the outputs' metadata (meta tensors), for a queued route
     plan: Any = None  # what an acceleration learned from this call (see fast/)
+    fresh: Any = ()  # the fresh outputs its launch allocated (launch_copy): written too
 
     def value(self, index: int) -> Any:
         """The argument at schema position ``index``, as the CPU kernel takes it (positional or keyword)."""
@@ -79,10 +80,11 @@ class Call:
     # LITERALINCLUDE END: CALL
 
     # LITERALINCLUDE START: WRITE SET
-    def writes(self, fresh: Any = ()) -> list[torch.Tensor]:
+    def writes(self) -> list[torch.Tensor]:
         """What a launch of it writes, for the stream sanitizer: the arguments its schema marks written (an
-        in-place ``self``, ``out=``) and ``fresh``, its fresh outputs."""
-        return written_by(self.traits, self.args, self.kwargs, fresh)
+        in-place ``self``, ``out=``) and its fresh outputs. A launch asks (``writes=call.writes``) only while
+        the sanitizer is on."""
+        return written_by(self.traits, self.args, self.kwargs, self.fresh)
 
 
 def written_by(traits: OpTraits, args: tuple, kwargs: dict, fresh: Any = ()) -> list[torch.Tensor]:

@@ -186,11 +186,11 @@ def launch_copy(call: Call, check: bool, kernel_type: type[CopyKernel] = CopyKer
         return as_return(outs)  # a pure view: metadata only, nothing to compute
     cpu_args, cpu_kwargs = call.host_args()
     fresh = [(i, o) for i, (r, o) in enumerate(zip(call.traits.returns, outs)) if r.kind is Kind.FRESH]
-    written = [t for _, o in fresh for t in (o if isinstance(o, (list, tuple)) else [o]) if t is not None]
+    call.fresh = written = [t for _, o in fresh for t in (o if isinstance(o, (list, tuple)) else [o]) if t is not None]
     kernel = kernel_type(call, cpu_args, cpu_kwargs, [(i, map_tensors(o, host_view)) for i, o in fresh])
     cpu_args = cpu_kwargs = None  # this frame may be in a traceback: the kernel holds the host views
     launch(call.device.index, kernel, tensors=[*call.tensors, *written], name=call.traits.name, sync=check,
-           writes=lambda: call.writes(written))  # (asked only while the stream sanitizer is on)
+           writes=call.writes)
     return as_return(outs)
 
 
@@ -238,6 +238,7 @@ def _run_now(call: Call) -> Any:
             outs[name] = cpu_kwargs[name] = map_tensors(
                 call.kwargs[name], lambda t: torch.empty_strided(t.size(), t.stride(), dtype=t.dtype))
     fresh = [ret.kind is Kind.FRESH for ret in call.traits.returns]
+    call.fresh = ()  # its fresh outputs come from the CPU kernel: none allocated before (not a checked launch's)
     try:
         result = run_sync(call.device.index, _owned_results, call.op, cpu_args, cpu_kwargs, fresh,
                           tensors=call.tensors, name=call.traits.name,

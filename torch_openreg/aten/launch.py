@@ -73,19 +73,20 @@ openreg.stream.set_kernel_context(_C._KernelScope)
 # LITERALINCLUDE START: LAUNCH
 def launch(device: int, fn: Callable[..., Any], *args: Any, tensors: tuple | list, name: str,
            sync: bool = False, writes: tuple | list | Callable[[], list] | None = None, host_sync: bool = False,
-           cost: Callable[[], None] | None = None) -> Any:
+           cost: Callable[..., None] | None = None, cost_args: tuple = ()) -> Any:
     """Queue ``fn(*args)`` on ``device``'s current stream; returns ``(stream, seq)``.
 
     With ``sync``, run it here instead, in stream order (``Stream.run_here``), and return its result
     (``host_sync``: because the host waits for the device there, as a CUDA program would).
     ``writes``: those of ``tensors`` the kernel writes (None: any of them), or a function that lists them,
     called only while the stream sanitizer is on. ``cost``: a function that prices the launch
-    (``torch_openreg.timing.costs.price_*``), called only while the timing model prices launches; without
-    it, a launch its site did not price is priced as elementwise work over ``tensors``.
+    (``torch_openreg.timing.costs.price_*``), ``cost(*cost_args)``, called only while the timing model prices
+    launches (a function and its arguments, not a closure: nothing is allocated while it is off); without it,
+    a launch its site did not price is priced as elementwise work over ``tensors``.
     """
     if openreg.timing.pricing:  # the timing model (torch_openreg/timing)
         if cost is not None:
-            cost()
+            cost(*cost_args)
         else:
             timing_costs.price_launch(name, tensors, writes() if callable(writes) else writes)
     try:
@@ -100,21 +101,22 @@ def launch(device: int, fn: Callable[..., Any], *args: Any, tensors: tuple | lis
         raise
 
 
-def written_extents(writes: tuple | list | Callable[[], list] | None) -> list | None:
+def written_extents(writes: tuple | list | Callable[..., list] | None, *args: Any) -> list | None:
     """The extents of the tensors a launch writes, for the stream sanitizer (None while it is off, or not
-    known); ``writes``: the tensors, or a function that lists them, called only while the sanitizer is on."""
+    known); ``writes``: the tensors, or a function that lists them, ``writes(*args)``, called only while the
+    sanitizer is on."""
     if writes is None or not openreg.sanitizer.enabled:
         return None
-    return _C._extents(writes() if callable(writes) else writes)
+    return _C._extents(writes(*args) if callable(writes) else writes)
 
 
 def launch_extents(device: int, fn: Callable[..., Any], *args: Any, extents: list, name: str,
                    sync: bool = False, writes: list | None = None, host_sync: bool = False,
-                   cost: Callable[[], None] | None = None) -> Any:
+                   cost: Callable[..., None] | None = None, cost_args: tuple = ()) -> Any:
     """:func:`launch` for a caller that has the ``(pointer, nbytes)`` extents already (``writes`` too, as
     :func:`written_extents` gives them); ``cost`` as for :func:`launch` (without it, the launch is not priced)."""
     if cost is not None and openreg.timing.pricing:
-        cost()
+        cost(*cost_args)
     stream = openreg.current_stream(device)
     kernel = _Kernel(fn, args)
     args = ()  # this frame may be in a traceback: the kernel holds the host views, not the frame

@@ -17,7 +17,6 @@ returns its Philox seed: backward redraws exactly the mask forward applied.
 
 from __future__ import annotations
 
-import functools
 import math
 
 import torch
@@ -161,15 +160,15 @@ def attention_forward(query, key, value, attn_bias=None, dropout_p=0.0, is_causa
     lse = torch.empty(*((1,) if query.dim() == 3 else ()), *batch, L, dtype=torch.float32, device=dev)
     tensors = [t for t in (out, lse, query, key, value, attn_bias) if t is not None]
     # the timing model: PyTorch's attention FLOP formula (torch_openreg/timing), while it prices launches
-    price = functools.partial(timing_costs.price_attention, "sdpa_overrideable", query, key, value, tensors)
+    price = {"cost": timing_costs.price_attention, "cost_args": ("sdpa_overrideable", query, key, value, tensors)}
     # (host views only as the launch's arguments: a frame an error passes through must not hold them)
     if _cpu_uses_flash(query, key, value, attn_bias, dropout_p):
         launch(dev.index, _flash_forward_kernel, *host_views(out, lse, query, key, value, attn_bias), is_causal,
-               scale, tensors=tensors, writes=(out, lse), name="sdpa_overrideable", cost=price)
+               scale, tensors=tensors, writes=(out, lse), name="sdpa_overrideable", **price)
     else:
         launch(dev.index, _forward_kernel, *host_views(out, lse, query, key, value, attn_bias), dropout_p,
                is_causal, scale, state.data, gen, tensors=tensors, writes=(out, lse), name="sdpa_overrideable",
-               cost=price)
+               **price)
     # (``.data``: the kernel's write must not bump the version autograd saved the state at)
     offset_t = torch.tensor(0, dtype=torch.int64)
     debug = torch.empty(0, dtype=query.dtype, device=dev)
@@ -222,18 +221,19 @@ def attention_backward(grad_out, query, key, value, attn_bias, grad_input_mask, 
     grads.append(torch.empty_like(attn_bias) if want_bias else torch.empty(0, device=query.device))
     inputs = (grad_out, query, key, value, attn_bias)
     # the timing model: PyTorch's attention FLOP formula (torch_openreg/timing), while it prices launches
-    price = functools.partial(timing_costs.price_attention, "sdpa_overrideable_backward", query, key, value,
-                              [*grads, *(t for t in (*inputs, out, logsumexp) if t is not None)], backward=True)
+    price = {"cost": timing_costs.price_attention,
+             "cost_args": ("sdpa_overrideable_backward", query, key, value,
+                           [*grads, *(t for t in (*inputs, out, logsumexp) if t is not None)], True)}
     if not want_bias and _cpu_uses_flash(query, key, value, attn_bias, dropout_p):
         launch(query.device.index, _flash_backward_kernel, host_views(*grads[:3]),
                *host_views(*inputs, out, logsumexp), is_causal, scale,
                tensors=[*grads, *(t for t in (*inputs, out, logsumexp) if t is not None)],
-               writes=[g for g in grads[:3] if g is not None], name="sdpa_overrideable_backward", cost=price)
+               writes=[g for g in grads[:3] if g is not None], name="sdpa_overrideable_backward", **price)
         return tuple(grads)
     launch(query.device.index, _backward_kernel, host_views(*grads),
            *host_views(*inputs), dropout_p, is_causal, scale,
            philox_seed, want_bias, tensors=[*grads, *(t for t in inputs if t is not None)],
-           writes=[g for g in grads if g is not None], name="sdpa_overrideable_backward", cost=price)
+           writes=[g for g in grads if g is not None], name="sdpa_overrideable_backward", **price)
     return tuple(grads)
 
 

@@ -11,7 +11,6 @@ view, whose pointer is the device's own view of that memory (``openreg.memory.vi
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 
 import torch
@@ -43,7 +42,7 @@ def launch_kernels(index: int, name: str, tensors: tuple, *calls: Callable | tup
     calls = tuple(call if i % 2 == 0 else _views(call) for i, call in enumerate(calls))
     # the timing model prices the kernel by its bytes (torch_openreg/timing), while it prices launches
     launch_extents(index, _run_kernels, calls, extents=_C._extents(tensors), name=name, writes=writes,
-                   cost=functools.partial(timing_costs.price_kernel, name, tensors))
+                   cost=timing_costs.price_kernel, cost_args=(name, tensors))
 
 
 def _views(args: tuple) -> tuple:

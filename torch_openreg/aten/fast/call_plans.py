@@ -49,7 +49,7 @@ class Plan:
                 host_args[i] = number
         outs, kernel = self.prepare(host_args, host_kwargs, extents, args, kwargs)
         launch_extents(self.index, kernel, extents=extents, name=self.traits.name, sync=check,
-                       writes=written_extents(lambda: written_by(self.traits, args, kwargs, outs)))
+                       writes=written_extents(written_by, self.traits, args, kwargs, outs))
         return as_return(outs)
 
 
