@@ -4,7 +4,7 @@ The API mirrors the CUDA runtime (see docs/runtime.md for the table). It never
 imports torch: PyTorch is one client of this runtime, through ``torch_openreg``.
 """
 
-from . import activity, fault, launch_blocking, sanitizer, timing  # noqa: F401  (hooks register at import)
+from . import activity, fault, hooks, launch_blocking, sanitizer, timing  # noqa: F401  (hooks register at import)
 from .copy import MemcpyKind, memcpy, memcpy_async, memcpy_dtoh, memcpy_dtoh_into, memcpy_htod, wait_to_load
 from .device import (
     DeviceProperties,
@@ -53,8 +53,9 @@ def malloc(size: int, device: int | None = None) -> int:
     fault.install()
     device = get_device() if device is None else device
     ptr = _malloc(size, device)
-    if sanitizer.enabled:
-        sanitizer.allocated(ptr, size, device)
+    if hooks.allocated:  # the stream sanitizer: where the memory was handed out, for its reports
+        for hook in hooks.allocated:
+            hook(ptr, size, device, None)
     return ptr
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import ctypes
 import enum
 
-from . import hooks, memcheck, memory, sanitizer, timing
+from . import hooks, memcheck, memory, timing
 from .errors import ErrorCode, OpenRegError
 from .stream import Stream, current_stream
 
@@ -196,12 +196,9 @@ def memcpy_htod(dst: int, data, stream: Stream | None = None, name: str = "memcp
 def _checked(stream: Stream, ptr: int, nbytes: int, write: bool, name: str, about: object) -> None:
     """The stream sanitizer's check of a transfer: the host reads or writes the bytes itself, in the stream's
     order (no launch), so the other streams' accesses must be ordered before it as before a launch there."""
-    if sanitizer.enabled and nbytes:
-        extent = [(ptr, nbytes)]
-        race = sanitizer.launch(stream._q, extent, extent if write else (), name, None, (about,), host=True,
-                                done=True)
-        if race is not None:
-            raise race
+    if hooks.host_access and nbytes:
+        for hook in hooks.host_access:
+            hook(stream._q, [(ptr, nbytes)], write, name, about)
 # LITERALINCLUDE END: COPY ENGINE
 
 

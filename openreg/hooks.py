@@ -14,7 +14,7 @@ from typing import Any
 
 # LITERALINCLUDE START: LAUNCH HOOKS
 POINTS = ("take", "check", "queued", "running", "ran", "host_wait", "host_waited", "unrecordable",
-          "stream_wait", "event_record", "event_recorded", "event_waited")
+          "stream_wait", "event_record", "event_recorded", "event_waited", "host_access", "allocated", "cached")
 
 
 class LaunchHook:
@@ -66,6 +66,16 @@ class LaunchHook:
     def event_waited(self, event: Any) -> None:
         """The host waited for ``event`` (or saw it complete)."""
 
+    def host_access(self, q: Any, extent: list, write: bool, name: str, about: Any) -> None:
+        """The host reads (or writes) ``extent`` itself now, in ``q``'s order after its earlier work, with no
+        launch (the copy engine's transfers): raise to refuse it."""
+
+    def allocated(self, ptr: int, nbytes: int, device: int, stream: int | None) -> None:
+        """An allocator handed out ``[ptr, ptr + nbytes)`` (``stream``: the caching allocator's stream)."""
+
+    def cached(self, ptr: int, nbytes: int, device: int, stream: int) -> None:
+        """A caching allocator took a block back: its bytes stay mapped, for the next tensor it hands out."""
+
 
 _hooks: list[LaunchHook] = []
 _lock = threading.Lock()
@@ -108,4 +118,4 @@ def _rebuild() -> None:
 
 # Each point's hooks (bound methods, in order), as the stream walks them: set by _rebuild.
 take = check = queued = running = ran = host_wait = host_waited = unrecordable = ()
-stream_wait = event_record = event_recorded = event_waited = ()
+stream_wait = event_record = event_recorded = event_waited = host_access = allocated = cached = ()

@@ -565,6 +565,14 @@ class _Hook(hooks.LaunchHook):
     def event_waited(self, event: Any) -> None:
         host_joins(event._clock)
 
+    def host_access(self, q: Any, extent: list, write: bool, name: str, about: Any) -> None:
+        race = launch(q, extent, extent if write else (), name, None, (about,), host=True, done=True)
+        if race is not None:
+            raise race
+
+    allocated = staticmethod(allocated)  # the module's functions, as the allocators call them
+    cached = staticmethod(freed)
+
 
 _hook = _Hook()
 # LITERALINCLUDE END: SANITIZER HOOK

@@ -24,9 +24,9 @@ from . import errors as _errors  # noqa: E402
 
 _errors.install()  # driver errors are torch.AcceleratorError too, as CUDA's are
 
-import openreg.memory as _memory  # noqa: E402
+import openreg  # noqa: E402
 
-_memory.add_view_listener(_C._set_views)  # host views of device tensors are built in C++: it translates too
+openreg.memory.add_view_listener(_C._set_views)  # host views of device tensors are built in C++: it translates too
 
 torch.utils.rename_privateuse1_backend("openreg")
 

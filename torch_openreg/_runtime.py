@@ -8,6 +8,7 @@ id and never frees them, the same way CUDA's stream pool works.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import threading
 
@@ -279,8 +280,11 @@ def graph_call(method: str, impl: object, *args: object) -> object:
 def launch(device: int, kernel, buffers: list, name: str, writes: list | None = None) -> None:
     """Queue a C++ kernel (a callable from the bridge) on ``device``'s current stream; ``writes``: the extents
     it writes (for the stream sanitizer)."""
-    cost = None
-    if openreg.timing.pricing:  # the timing model: an elementwise kernel over the storages it touches
-        cost = openreg.timing.Cost("elementwise", bytes=float(sum(n for _, n in buffers)))
-    openreg.current_stream(_dev(device)).launch(kernel, buffers=buffers, name=name, writes=writes, cost=cost)
+    # the timing model prices it (only while it prices launches) as an elementwise kernel over the storages it touches
+    openreg.current_stream(_dev(device)).launch(kernel, buffers=buffers, name=name, writes=writes,
+                                                cost=functools.partial(_elementwise_cost, buffers))
+
+
+def _elementwise_cost(buffers: list) -> openreg.timing.Cost:
+    return openreg.timing.Cost("elementwise", bytes=float(sum(n for _, n in buffers)))
 # LITERALINCLUDE END: BRIDGE LAUNCH

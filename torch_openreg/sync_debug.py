@@ -16,7 +16,8 @@ from __future__ import annotations
 import contextlib
 import threading
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 _MODES = {"default": 0, "warn": 1, "error": 2}
 mode = 0  # read directly on hot paths: 0 costs one comparison
@@ -79,4 +80,13 @@ def reported(operation: str | None) -> Iterator[None]:
         yield
     finally:
         _reporting.inside = previous
+
+
+def run_reported(operation: str | None, fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)``, a host wait for the device, :func:`reported` as ``operation`` while the mode is on
+    (a host path's kernel, run now: the simulator needs its result; CUDA waits too where ``operation``)."""
+    if mode == 0:
+        return fn(*args)
+    with reported(operation):
+        return fn(*args)
 # LITERALINCLUDE END: SYNC DEBUG

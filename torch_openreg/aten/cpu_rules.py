@@ -11,25 +11,26 @@ from typing import Any
 
 import torch
 
-from .traits import OpTraits
+from .call import Call
 
 
-def correct(traits: OpTraits, args: tuple, kwargs: dict, meta: Any) -> Any:
+def correct(call: Call, meta: Any) -> Any:
     """The meta run's outputs as the CPU kernel gives them."""
+    traits = call.traits
     if traits.cpu_statistics:
-        return cpu_statistics(traits, args, kwargs, meta)
+        return cpu_statistics(call, meta)
     if traits.cpu_layout:
-        return cpu_layout(args, meta)
+        return cpu_layout(call.args, meta)
     if traits.layout_of is not None:
-        return input_layout(traits, args, kwargs, meta)
+        return input_layout(call, meta)
     if traits.cpu_result_type:
-        return result_type(traits, args, kwargs, meta)
+        return result_type(call, meta)
     return meta
 
 
-def result_type(traits: OpTraits, args: tuple, kwargs: dict, meta: Any) -> Any:
+def result_type(call: Call, meta: Any) -> Any:
     """The output in ``torch.result_type`` of the two operands, as the CPU kernel promotes them."""
-    dtype = torch.result_type(traits.value(args, kwargs, 0), traits.value(args, kwargs, 1))
+    dtype = torch.result_type(call.value(0), call.value(1))
     if not isinstance(meta, torch.Tensor) or meta.dtype == dtype:
         return meta
     return torch.empty_strided(meta.shape, meta.stride(), dtype=dtype, device="meta")
@@ -39,18 +40,18 @@ def result_type(traits: OpTraits, args: tuple, kwargs: dict, meta: Any) -> Any:
 _REDUCED = (torch.bfloat16, torch.float16)
 
 
-def cpu_statistics(traits: OpTraits, args: tuple, kwargs: dict, meta: tuple) -> tuple:
+def cpu_statistics(call: Call, meta: tuple) -> tuple:
     """The outputs of a CPU batch or layer norm: the meta kernel describes CUDA's statistics.
 
     The CPU kernels keep statistics in the parameters' type: float32 only for a reduced-precision
     input with float32 weights or running statistics (a "mixed" call), else the input's dtype; and a
     batch norm that is not training returns empty statistics.
     """
-    x, *params = [v for a in (*args, *kwargs.values()) for v in (a if isinstance(a, (list, tuple)) else (a,))
+    x, *params = [v for a in (*call.args, *call.kwargs.values()) for v in (a if isinstance(a, (list, tuple)) else (a,))
                   if isinstance(v, torch.Tensor)]
     mixed = x.dtype in _REDUCED and any(p.dtype == torch.float32 for p in params)
     dtype = torch.float32 if mixed else x.dtype
-    training = traits.value(args, kwargs, traits.positions["training"]) if "training" in traits.positions else True
+    training = call.named("training") if "training" in call.traits.positions else True
     stats = [torch.empty(m.shape if training else (0,), dtype=dtype, device="meta") for m in meta[1:3]]
     return (meta[0], *stats, *meta[3:])
 
@@ -71,10 +72,10 @@ def cpu_layout(args: tuple, meta: torch.Tensor) -> torch.Tensor:
     return torch.empty(meta.shape, dtype=meta.dtype, device="meta", memory_format=layout)
 
 
-def input_layout(traits: OpTraits, args: tuple, kwargs: dict, meta: Any) -> Any:
+def input_layout(call: Call, meta: Any) -> Any:
     """The first output in the memory format the CPU kernel gives it: that of its input (``traits.layout_of``),
     as ``suggest_memory_format`` says, where the meta kernel allocates a contiguous one."""
-    source = traits.value(args, kwargs, traits.layout_of)
+    source = call.value(call.traits.layout_of)
     first = meta[0] if isinstance(meta, tuple) else meta
     if not isinstance(first, torch.Tensor) or not isinstance(source, torch.Tensor) or source.dim() != first.dim():
         return meta

@@ -21,8 +21,6 @@ over; they never change what a call computes.
 
 from __future__ import annotations
 
-import enum
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -33,21 +31,10 @@ from torch_openreg import _C, sync_debug
 from torch_openreg.timing import costs as timing_costs
 
 from . import cpu_rules
-from .arguments import (
-    arguments_for,
-    call_key,
-    device_of,
-    host_view_or_self,
-    host_view_or_snapshot,
-    map_tensors,
-    read_view_or_self,
-    read_view_or_snapshot,
-    tensors_of,
-    to_meta,
-    wrap_numbers,
-)
+from .arguments import call_key, device_of, map_tensors, tensors_of, wrap_numbers
+from .call import Call, Route
 from .launch import detach_frames, host_view, launch, run_sync
-from .outputs import CpuDisagrees, as_return, copy_into, fit_to, output_pairs, outputs
+from .outputs import CpuDisagrees, as_return, copy_into, fit_to, output_pairs
 from .sparse import members
 from .traits import Kind, OpTraits, traits_of
 
@@ -89,47 +76,18 @@ def fallback(op: torch._ops.OpOverload, *args: Any, **kwargs: Any) -> Any:
 
 
 # LITERALINCLUDE START: DECIDE
-class Route(enum.Enum):
-    """How calls of one call shape run."""
-
-    CHECK = "check"  # not seen yet: queued, but run at the call (Stream.run_here), its warnings counted
-    QUEUE = "queue"  # its first call was clean: queued on the stream
-    NOW = "now"  # the CPU kernel decides its outputs: wait for the stream, run it, copy new outputs over
-
-
-@dataclass(slots=True)
-class Call:
-    """One operator call, as decided. It never holds host views: it may be in an error's traceback."""
-
-    op: torch._ops.OpOverload
-    traits: OpTraits
-    args: tuple  # as the CPU kernel takes them (Python numbers in ``Tensor`` positions wrapped)
-    kwargs: dict
-    given: tuple  # (args, kwargs) as called
-    tensors: list[torch.Tensor]
-    device: torch.device
-    key: tuple | None  # the call shape (None: not hashable, every call is checked)
-    route: Route
-    meta: Any = None  # the outputs' metadata (meta tensors), for a queued route
-    plan: Any = None  # what an acceleration learned from this call (see fast/)
-
-    def value(self, index: int) -> Any:
-        """The argument at schema position ``index``, as the CPU kernel takes it (positional or keyword)."""
-        return self.traits.value(self.args, self.kwargs, index)
-
-
 def decide(op: torch._ops.OpOverload, traits: OpTraits, args: tuple, kwargs: dict) -> Call:
     given = args, kwargs
     args, kwargs = wrap_numbers(traits, args, kwargs)
     tensors = tensors_of(args, kwargs)
     device = device_of(traits, tensors, kwargs)
     key = call_key(*given, traits.numbers, traits.placed)
-    if not traits.returns_tensors or traits.cpu_decides or (traits.host_checks and traits.host_checks(traits, *given)):
-        route = Route.NOW
-    else:
-        route = _routes.get((op, key), Route.CHECK) if key is not None else Route.CHECK
-    call = Call(op, traits, args, kwargs, given, tensors, device, key, route)
-    if route is not Route.NOW:
+    call = Call(op, traits, args, kwargs, given, tensors, device, key, Route.CHECK)
+    if not traits.returns_tensors or traits.cpu_decides or (traits.host_checks and traits.host_checks(call)):
+        call.route = Route.NOW
+    elif key is not None:
+        call.route = _routes.get((op, key), Route.CHECK)
+    if call.route is not Route.NOW:
         call.meta = _choices.meta_outputs(call)
         # No meta kernel, data-dependent output shapes, a check that needs the data; or an out= argument the call
         # resizes, whose strides the CPU's TensorIterator takes from the inputs where the meta kernels (torch._refs)
@@ -156,20 +114,13 @@ def _remember(call: Call, route: Route) -> None:
         bounded.put(_routes, (call.op, call.key), route, _ROUTES_SIZE)
 
 
-def host_args(call: Call) -> tuple[tuple, dict]:
-    """The CPU kernel's arguments for a queued kernel: host views of the openreg tensors, CPU scalars and
-    indices read now (as CUDA copies them at the call), the device generator's CPU state for generators."""
-    views = host_view_or_snapshot if call.traits.mutates else read_view_or_snapshot
-    return arguments_for(call.traits, call.args, call.kwargs, call.device, views, "cpu")
-
-
 def meta_run(call: Call) -> Any:
     """The outputs' metadata: the operator run on ``meta`` tensors, corrected where the CPU kernel shapes
     its outputs by another rule. NO_META when the meta run fails (no meta kernel, a data-dependent shape,
     mismatched shapes): the call then runs now, and the CPU kernel raises its own error at the call.
     Profilers do not see it: it is the fallback's inference, not an operator the program called."""
     with _C._Unrecorded():
-        meta_args, meta_kwargs = arguments_for(call.traits, call.args, call.kwargs, call.device, to_meta, "meta")
+        meta_args, meta_kwargs = call.meta_args()
         try:
             with _C._WarningRecorder():  # dropped: the CPU kernel gives the caller the operator's warnings
                 meta = call.op(*meta_args, **meta_kwargs)
@@ -178,7 +129,7 @@ def meta_run(call: Call) -> Any:
         if any(isinstance(t, torch.Tensor) and t.layout != torch.strided
                for m in (meta if isinstance(meta, tuple) else (meta,)) for t in tensors_of((m,), {})):
             return NO_META  # a sparse output (_embedding_bag_backward's sparse gradient): the CPU kernel makes it
-        return cpu_rules.correct(call.traits, call.args, call.kwargs, meta)
+        return cpu_rules.correct(call, meta)
 
 
 NO_META = object()
@@ -230,33 +181,20 @@ class CopyKernel:
 def launch_copy(call: Call, check: bool, kernel_type: type[CopyKernel] = CopyKernel) -> Any:
     """Allocate the outputs and launch a kernel (``kernel_type``) that runs
     the CPU kernel over host views and writes its results into them."""
-    outs = outputs(call)
+    outs = call.outputs()
     if call.traits.pure_view:
         return as_return(outs)  # a pure view: metadata only, nothing to compute
-    cpu_args, cpu_kwargs = host_args(call)
+    cpu_args, cpu_kwargs = call.host_args()
     fresh = [(i, o) for i, (r, o) in enumerate(zip(call.traits.returns, outs)) if r.kind is Kind.FRESH]
-    written = [t for _, o in fresh for t in (o if isinstance(o, (list, tuple)) else [o]) if t is not None]
+    call.fresh = written = [t for _, o in fresh for t in (o if isinstance(o, (list, tuple)) else [o]) if t is not None]
     kernel = kernel_type(call, cpu_args, cpu_kwargs, [(i, map_tensors(o, host_view)) for i, o in fresh])
     cpu_args = cpu_kwargs = None  # this frame may be in a traceback: the kernel holds the host views
     launch(call.device.index, kernel, tensors=[*call.tensors, *written], name=call.traits.name, sync=check,
-           writes=write_set(call.traits, call.args, call.kwargs, written))
+           writes=call.writes)
     return as_return(outs)
 
 
 # LITERALINCLUDE END: LAUNCH COPY
-
-
-# LITERALINCLUDE START: WRITE SET
-def write_set(traits: OpTraits, args: tuple, kwargs: dict, fresh: Any = (), extents: bool = False) -> list | None:
-    """What a launch of this call writes, for the stream sanitizer (None while it is off): the arguments its
-    schema marks written (an in-place ``self``, ``out=``) and its fresh outputs; as extents if asked."""
-    if not openreg.sanitizer.enabled:
-        return None
-    written = [traits.value(args, kwargs, i) for i, a in enumerate(traits.arguments)
-               if a.alias_info is not None and a.alias_info.is_write]
-    tensors = [*tensors_of(tuple(written), {}), *(t for t in fresh if isinstance(t, torch.Tensor))]
-    return _C._extents(tensors) if extents else tensors
-# LITERALINCLUDE END: WRITE SET
 
 
 class _Warnings:
@@ -284,15 +222,12 @@ class _Warnings:
 # LITERALINCLUDE START: RUN NOW
 def run_now(call: Call) -> Any:
     """Wait for the stream, run the CPU kernel now (in a launch: the pages are open), bring new outputs over."""
-    if sync_debug.mode:  # reported only where CUDA would wait too (not for what the simulator needs)
-        with sync_debug.reported(call.traits.name if call.traits.host_waits else None):
-            return _run_now(call)
-    return _run_now(call)
+    # reported only where CUDA would wait too (not for what the simulator needs)
+    return sync_debug.run_reported(call.traits.name if call.traits.host_waits else None, _run_now, call)
 
 
 def _run_now(call: Call) -> Any:
-    views = host_view_or_self if call.traits.mutates else read_view_or_self
-    cpu_args, cpu_kwargs = arguments_for(call.traits, call.args, call.kwargs, call.device, views, "cpu")
+    cpu_args, cpu_kwargs = call.now_args()
     # out=: the CPU kernel writes a host tensor of the argument's size and strides (it keeps them, resizes it, or
     # warns, as it would the argument itself: arange keeps a 2x2 view of the right element count), copied over
     # after; unless it shares memory with an input (``x.mul_(2)`` arrives as ``mul.out(x, 2, out=x)``): then the
@@ -303,10 +238,11 @@ def _run_now(call: Call) -> Any:
             outs[name] = cpu_kwargs[name] = map_tensors(
                 call.kwargs[name], lambda t: torch.empty_strided(t.size(), t.stride(), dtype=t.dtype))
     fresh = [ret.kind is Kind.FRESH for ret in call.traits.returns]
+    call.fresh = ()  # its fresh outputs come from the CPU kernel: none allocated before (not a checked launch's)
     try:
         result = run_sync(call.device.index, _owned_results, call.op, cpu_args, cpu_kwargs, fresh,
                           tensors=call.tensors, name=call.traits.name,
-                          writes=write_set(call.traits, call.args, call.kwargs), host_sync=call.traits.host_waits)
+                          writes=call.writes, host_sync=call.traits.host_waits)
     except BaseException:
         cpu_args = cpu_kwargs = None  # this frame stays in the traceback: it must not show the host views
         raise

@@ -58,10 +58,9 @@ def run(op: torch._ops.OpOverload, traits: OpTraits, args: tuple, kwargs: dict, 
     aliases, or a copy of what the kernel allocated.
     """
     try:
-        if sync_debug.mode:  # the host waits for what the simulator needs; reported where CUDA would wait too
-            with sync_debug.reported(op.name() if traits.host_waits else None):
-                return _run(op, traits, args, kwargs, on_host, parts, validate, rebuild)
-        return _run(op, traits, args, kwargs, on_host, parts, validate, rebuild)
+        # the host waits for what the simulator needs; reported where CUDA would wait too
+        return sync_debug.run_reported(op.name() if traits.host_waits else None,
+                                       _run, op, traits, args, kwargs, on_host, parts, validate, rebuild)
     except BaseException as exc:
         detach_frames(exc, "host path")  # the frames below hold the host forms: a runner formatting them faults
         raise

@@ -74,19 +74,28 @@ openreg.stream.set_kernel_context(_C._KernelScope)
 
 # LITERALINCLUDE START: LAUNCH
 def launch(device: int, fn: Callable[..., Any], *args: Any, tensors: tuple | list, name: str,
-           sync: bool = False, writes: tuple | list | None = None, host_sync: bool = False) -> Any:
+           sync: bool = False, writes: tuple | list | Callable[[], list] | None = None, host_sync: bool = False,
+           cost: Callable[..., None] | None = None, cost_args: tuple = ()) -> Any:
     """Queue ``fn(*args)`` on ``device``'s current stream; returns ``(stream, seq)``.
 
     With ``sync``, run it here instead, in stream order (``Stream.run_here``), and return its result
     (``host_sync``: because the host waits for the device there, as a CUDA program would).
-    ``writes``: those of ``tensors`` the kernel writes (None: any of them), for the stream sanitizer.
+    ``writes``: those of ``tensors`` the kernel writes (None: any of them), or a function that lists them,
+    called only while the stream sanitizer is on. ``cost``: a function that prices the launch
+    (``torch_openreg.timing.costs.price_*``), ``cost(*cost_args)``, called only while the timing model prices
+    launches (a function and its arguments, not a closure: nothing is allocated while it is off); without it,
+    a launch its site did not price is priced as elementwise work over ``tensors``.
     """
-    if openreg.timing.pricing:  # the timing model: a launch its site did not price (torch_openreg/timing)
-        timing_costs.price_launch(name, tensors, writes)
+    if openreg.timing.pricing:  # the timing model (torch_openreg/timing)
+        if cost is not None:
+            cost(*cost_args)
+        else:
+            timing_costs.price_launch(name, tensors, writes() if callable(writes) else writes)
     try:
         # the storages' extents: what the launch names (and OPENREG_MEMCHECK opens while it runs); what it
         # writes, as written_extents gives it (inline: every Python kernel's launch passes here)
-        written = _C._extents(writes) if writes is not None and openreg.sanitizer.enabled else None
+        written = (_C._extents(writes() if callable(writes) else writes)
+                   if writes is not None and openreg.sanitizer.enabled else None)
         return launch_extents(device, fn, *args, extents=_C._extents(tensors), name=name, sync=sync,
                               writes=written, host_sync=host_sync)
     except BaseException:
@@ -94,14 +103,22 @@ def launch(device: int, fn: Callable[..., Any], *args: Any, tensors: tuple | lis
         raise
 
 
-def written_extents(writes: tuple | list | None) -> list | None:
-    """The extents of the tensors a launch writes, for the stream sanitizer (None while it is off, or not known)."""
-    return _C._extents(writes) if writes is not None and openreg.sanitizer.enabled else None
+def written_extents(writes: tuple | list | Callable[..., list] | None, *args: Any) -> list | None:
+    """The extents of the tensors a launch writes, for the stream sanitizer (None while it is off, or not
+    known); ``writes``: the tensors, or a function that lists them, ``writes(*args)``, called only while the
+    sanitizer is on."""
+    if writes is None or not openreg.sanitizer.enabled:
+        return None
+    return _C._extents(writes(*args) if callable(writes) else writes)
 
 
 def launch_extents(device: int, fn: Callable[..., Any], *args: Any, extents: list, name: str,
-                   sync: bool = False, writes: list | None = None, host_sync: bool = False) -> Any:
-    """:func:`launch` for a caller that has the ``(pointer, nbytes)`` extents already (``writes`` too)."""
+                   sync: bool = False, writes: list | None = None, host_sync: bool = False,
+                   cost: Callable[..., None] | None = None, cost_args: tuple = ()) -> Any:
+    """:func:`launch` for a caller that has the ``(pointer, nbytes)`` extents already (``writes`` too, as
+    :func:`written_extents` gives them); ``cost`` as for :func:`launch` (without it, the launch is not priced)."""
+    if cost is not None and openreg.timing.pricing:
+        cost(*cost_args)
     stream = openreg.current_stream(device)
     kernel = _Kernel(fn, args)
     args = ()  # this frame may be in a traceback: the kernel holds the host views, not the frame
@@ -115,7 +132,7 @@ def launch_extents(device: int, fn: Callable[..., Any], *args: Any, extents: lis
 
 
 def run_sync(device: int, fn: Callable[..., Any], *args: Any, tensors: tuple | list, name: str,
-             writes: tuple | list | None = None, host_sync: bool = True) -> Any:
+             writes: tuple | list | Callable[[], list] | None = None, host_sync: bool = True) -> Any:
     """Launch ``fn(*args)``, run it on this thread once the stream's earlier work is done, and return its
     result; ``fn``'s own error (and its warnings) reach the caller as they are.
 

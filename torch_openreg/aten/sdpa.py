@@ -21,7 +21,6 @@ import math
 
 import torch
 
-import openreg
 from torch_openreg import _C
 from torch_openreg.timing import costs as timing_costs
 
@@ -160,15 +159,16 @@ def attention_forward(query, key, value, attn_bias=None, dropout_p=0.0, is_causa
     # PyTorch's meta kernel gives 3-D inputs a (1, H, L) logsumexp: compiled graphs check it
     lse = torch.empty(*((1,) if query.dim() == 3 else ()), *batch, L, dtype=torch.float32, device=dev)
     tensors = [t for t in (out, lse, query, key, value, attn_bias) if t is not None]
-    if openreg.timing.pricing:  # the timing model: PyTorch's attention FLOP formula (torch_openreg/timing)
-        timing_costs.price_attention("sdpa_overrideable", query, key, value, tensors)
+    # the timing model: PyTorch's attention FLOP formula (torch_openreg/timing), while it prices launches
+    price = {"cost": timing_costs.price_attention, "cost_args": ("sdpa_overrideable", query, key, value, tensors)}
     # (host views only as the launch's arguments: a frame an error passes through must not hold them)
     if _cpu_uses_flash(query, key, value, attn_bias, dropout_p):
         launch(dev.index, _flash_forward_kernel, *host_views(out, lse, query, key, value, attn_bias), is_causal,
-               scale, tensors=tensors, writes=(out, lse), name="sdpa_overrideable")
+               scale, tensors=tensors, writes=(out, lse), name="sdpa_overrideable", **price)
     else:
         launch(dev.index, _forward_kernel, *host_views(out, lse, query, key, value, attn_bias), dropout_p,
-               is_causal, scale, state.data, gen, tensors=tensors, writes=(out, lse), name="sdpa_overrideable")
+               is_causal, scale, state.data, gen, tensors=tensors, writes=(out, lse), name="sdpa_overrideable",
+               **price)
     # (``.data``: the kernel's write must not bump the version autograd saved the state at)
     offset_t = torch.tensor(0, dtype=torch.int64)
     debug = torch.empty(0, dtype=query.dtype, device=dev)
@@ -220,19 +220,20 @@ def attention_backward(grad_out, query, key, value, attn_bias, grad_input_mask, 
     want_bias = attn_bias is not None and attn_bias.is_floating_point() and grad_input_mask[3]
     grads.append(torch.empty_like(attn_bias) if want_bias else torch.empty(0, device=query.device))
     inputs = (grad_out, query, key, value, attn_bias)
-    if openreg.timing.pricing:  # the timing model: PyTorch's attention FLOP formula (torch_openreg/timing)
-        timing_costs.price_attention("sdpa_overrideable_backward", query, key, value,
-                                     [*grads, *(t for t in (*inputs, out, logsumexp) if t is not None)], backward=True)
+    # the timing model: PyTorch's attention FLOP formula (torch_openreg/timing), while it prices launches
+    price = {"cost": timing_costs.price_attention,
+             "cost_args": ("sdpa_overrideable_backward", query, key, value,
+                           [*grads, *(t for t in (*inputs, out, logsumexp) if t is not None)], True)}
     if not want_bias and _cpu_uses_flash(query, key, value, attn_bias, dropout_p):
         launch(query.device.index, _flash_backward_kernel, host_views(*grads[:3]),
                *host_views(*inputs, out, logsumexp), is_causal, scale,
                tensors=[*grads, *(t for t in (*inputs, out, logsumexp) if t is not None)],
-               writes=[g for g in grads[:3] if g is not None], name="sdpa_overrideable_backward")
+               writes=[g for g in grads[:3] if g is not None], name="sdpa_overrideable_backward", **price)
         return tuple(grads)
     launch(query.device.index, _backward_kernel, host_views(*grads),
            *host_views(*inputs), dropout_p, is_causal, scale,
            philox_seed, want_bias, tensors=[*grads, *(t for t in inputs if t is not None)],
-           writes=[g for g in grads if g is not None], name="sdpa_overrideable_backward")
+           writes=[g for g in grads if g is not None], name="sdpa_overrideable_backward", **price)
     return tuple(grads)
 
 

@@ -72,12 +72,11 @@ CPU_LAYOUT_OF_INPUT = {
 }
 # Operators whose CUDA kernel reads its inputs on the host to check them (``.item()``: the host waits), so that a
 # bad value raises at the call, not at a later synchronization: such calls run now (``Route.NOW``). The value says
-# which calls check, from the arguments as called (traits.value): segment_reduce only without ``unsafe``; histc
-# when it takes its range from the data (min == max).
+# which calls check, from the call (aten/call.py): segment_reduce only without ``unsafe``; histc when it takes its
+# range from the data (min == max).
 HOST_CHECKS = {
-    "aten::segment_reduce": lambda traits, args, kwargs: not traits.value(args, kwargs, traits.positions["unsafe"]),
-    "aten::histc": lambda traits, args, kwargs: (traits.value(args, kwargs, traits.positions["min"])
-                                                == traits.value(args, kwargs, traits.positions["max"])),
+    "aten::segment_reduce": lambda call: not call.named("unsafe"),
+    "aten::histc": lambda call: call.named("min") == call.named("max"),
 }
 # LITERALINCLUDE END: NEVER FALLBACK
 

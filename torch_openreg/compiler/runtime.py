@@ -15,7 +15,6 @@ from collections.abc import Callable
 
 import torch
 
-import openreg
 from torch_openreg import _C
 from torch_openreg.aten.launch import launch_extents, written_extents
 from torch_openreg.timing import costs as timing_costs
@@ -39,11 +38,11 @@ def launch_kernels(index: int, name: str, tensors: tuple, *calls: Callable | tup
     ``tensors`` are every tensor the kernels touch: the launch pins their storages until it has run.
     ``written`` are those the kernels write (their non-``const`` pointer arguments), for the stream sanitizer.
     """
-    if openreg.timing.pricing:  # the timing model prices the kernel by its bytes (torch_openreg/timing)
-        timing_costs.price_kernel(name, tensors)
     writes = written_extents(written)
     calls = tuple(call if i % 2 == 0 else _views(call) for i, call in enumerate(calls))
-    launch_extents(index, _run_kernels, calls, extents=_C._extents(tensors), name=name, writes=writes)
+    # the timing model prices the kernel by its bytes (torch_openreg/timing), while it prices launches
+    launch_extents(index, _run_kernels, calls, extents=_C._extents(tensors), name=name, writes=writes,
+                   cost=timing_costs.price_kernel, cost_args=(name, tensors))
 
 
 def _views(args: tuple) -> tuple:

@@ -32,7 +32,7 @@ from bisect import bisect_left, insort
 from collections.abc import Callable
 
 import openreg
-from openreg import ErrorCode, OpenRegError
+from openreg import ErrorCode, OpenRegError, hooks
 
 from .history import History
 from .size_classes import MIN_BLOCK, SMALL_SIZE, format_size, segment_size, split_threshold
@@ -170,8 +170,9 @@ class DeviceCachingAllocator:
             self.stats.on_malloc(pool, block.size, size, taken, rest)
             if self.history is not None:
                 self._record_alloc(block)
-            if openreg.sanitizer.enabled:  # where the memory was handed out, for the stream sanitizer's reports
-                openreg.sanitizer.allocated(ptr, size, self.device, stream.id)
+            if hooks.allocated:  # the stream sanitizer: where the memory was handed out, for its reports
+                for hook in hooks.allocated:
+                    hook(ptr, size, self.device, stream.id)
             return ptr
         finally:
             lock.release()
@@ -184,8 +185,9 @@ class DeviceCachingAllocator:
             block = self.active.pop(ptr)
             del _owners[ptr]
             block.allocated = False
-            if openreg.sanitizer.enabled:  # its accesses stay: the next tensor here is checked against them
-                openreg.sanitizer.freed(ptr, block.size, self.device, block.stream.id)
+            if hooks.cached:  # the stream sanitizer: its accesses stay, the next tensor here is checked against them
+                for hook in hooks.cached:
+                    hook(ptr, block.size, self.device, block.stream.id)
             if self.watchers:
                 for watcher in self.watchers.pop(ptr, ()):
                     watcher.freed(ptr, block.size)

@@ -19,8 +19,9 @@ from openreg import bounded
 from torch_openreg import _C
 
 from ..arguments import global_state, tensors_of
-from ..fallback import UNKNOWN, Call, host_args, launch_copy, write_set
-from ..launch import detach_frames, launch_extents
+from ..call import Call, written_by
+from ..fallback import UNKNOWN, launch_copy
+from ..launch import detach_frames, launch_extents, written_extents
 from ..outputs import as_return, fit_to, output_pairs
 from ..traits import NUMBER_CLASS, NUMBER_TYPE, Kind, OpTraits, traits_of
 from .out_overloads import FunctionalOutKernel, OutKernel, out_overload, reduces
@@ -53,7 +54,7 @@ class Plan:
                     torch.tensor(value, dtype=number.dtype)
         outs, kernel = self.prepare(host_args, host_kwargs, extents, args, kwargs)
         launch_extents(self.index, kernel, extents=extents, name=self.traits.name, sync=check,
-                       writes=write_set(self.traits, args, kwargs, outs, extents=True))
+                       writes=written_extents(written_by, self.traits, args, kwargs, outs))
         return as_return(outs)
 
 
@@ -222,7 +223,7 @@ def launch(call: Call, check: bool) -> Any:
     plan = _plan(entry, call) if entry is not None else None
     if plan is None:
         return launch_copy(call, check, served_kernel)
-    described = [call.key, *host_args(call), _C._extents(call.tensors)]
+    described = [call.key, *call.host_args(), _C._extents(call.tensors)]
     result = _run(plan, described, call.args, call.kwargs, check)
     if plan.cacheable:
         call.plan = plan
@@ -236,7 +237,7 @@ def _plan(entry: _OpPlans, call: Call) -> Plan | None:
     if entry.kind is Served and any(m is not None and not isinstance(m, torch.Tensor) for m in metas) or \
             entry.kind is ThroughOutOverload and any(not isinstance(m, torch.Tensor) for m in metas):
         return None
-    numbers = [i for i in traits.tensor_args if isinstance(traits.value(*call.given, i), _NUMBERS)]
+    numbers = [i for i in traits.tensor_args if isinstance(call.given_value(i), _NUMBERS)]
     plan = entry.kind(call, tuple((i, call.args[i]) for i in numbers if i < len(call.args)), metas, entry.out)
     # Numbers passed for Tensor arguments: the call shape has their values (or classes: then each call wraps
     # its own), so their wrapped tensors are the plan's; not when it has their types only, or when they were

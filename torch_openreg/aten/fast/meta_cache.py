@@ -21,7 +21,8 @@ import torch
 from openreg import bounded
 
 from ..arguments import global_state
-from ..fallback import NO_META, Call, meta_run
+from ..call import Call
+from ..fallback import NO_META, meta_run
 
 # LITERALINCLUDE START: META CACHE
 _SIZE = 8192

@@ -15,7 +15,7 @@ import torch
 from openreg import bounded
 from torch_openreg import _C
 
-from ..fallback import Call
+from ..call import Call
 from ..outputs import check_output
 
 _SKIPS_SIZE = 8192
