@@ -281,6 +281,8 @@ def launch(device: int, kernel, buffers: list, name: str, writes: list | None = 
     it writes (for the stream sanitizer)."""
     cost = None
     if openreg.timing.pricing:  # the timing model: an elementwise kernel over the storages it touches
-        cost = openreg.timing.Cost("elementwise", bytes=float(sum(n for _, n in buffers)))
+        moved = float(sum(n for _, n in buffers))  # a fill writes (no arithmetic); abs: one op per float32 read
+        flops = 0.0 if name.startswith(("fill_", "zero_")) else moved / 8
+        cost = openreg.timing.Cost("elementwise", flops, moved, formula=True)
     openreg.current_stream(_dev(device)).launch(kernel, buffers=buffers, name=name, writes=writes, cost=cost)
 # LITERALINCLUDE END: BRIDGE LAUNCH
