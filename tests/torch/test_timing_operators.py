@@ -95,3 +95,15 @@ def test_a_compiled_step_has_no_kernel_priced_by_bytes_alone():
     assert report.no_formula == [] and report.unpriced == []
     kinds = {r.name: r.cost.kind for r in report.launches if r.name.startswith("cpp_fused")}
     assert kinds and "reduction" in kinds.values()
+
+
+def test_a_cross_entropy_loss_gathers_one_score_per_target_and_its_backward_writes_the_gradient():
+    def costs(vocab):
+        x = torch.randn(64, vocab, device="openreg", requires_grad=True)
+        t = torch.randint(0, vocab, (64,), device="openreg")
+        launches = _launches(lambda: F.cross_entropy(x, t).backward(), "aten::nll_loss")
+        return {r.name: r.cost.bytes for r in launches}
+
+    small, large = costs(1000), costs(8000)
+    assert small["aten::nll_loss_forward"] == large["aten::nll_loss_forward"]  # the vocabulary is not read
+    assert large["aten::nll_loss_backward"] - small["aten::nll_loss_backward"] == 64 * 7000 * 4  # written once

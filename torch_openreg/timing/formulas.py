@@ -164,6 +164,14 @@ def traffic(base: str, inputs: list, outputs: list, mutated: list, args: tuple =
         if not any(_same(t, target) for t in mutated):  # out of place: the target is copied to the output first
             moved += nbytes([target]) + nbytes(outputs[:1] or mutated[:1])
         return moved
+    if base in ("nll_loss_forward", "nll_loss2d_forward") and len(args) > 1 and isinstance(args[1], torch.Tensor):
+        # a gather: the targets, and one log-probability per target (not the whole input)
+        target, scores = args[1], args[0]
+        rest = [t for t in inputs if t is not scores and t is not target]
+        return nbytes([target]) + target.numel() * scores.element_size() + nbytes(rest) + nbytes(outputs)
+    if base in ("nll_loss_backward", "nll_loss2d_backward") and len(args) > 1:
+        # the input's gradient zero-filled, then one element per target written: the input is not read
+        return nbytes([t for t in inputs if t is not args[1]]) + nbytes(outputs)
     if base in SORTS and inputs:
         return radix_passes(inputs[0]) * (nbytes(inputs) + nbytes(outputs))
     if base in SELECTS and inputs:  # the digit passes, then one more to gather the selected values
