@@ -107,3 +107,11 @@ def test_a_cross_entropy_loss_gathers_one_score_per_target_and_its_backward_writ
     small, large = costs(1000), costs(8000)
     assert small["aten::nll_loss_forward"] == large["aten::nll_loss_forward"]  # the vocabulary is not read
     assert large["aten::nll_loss_backward"] - small["aten::nll_loss_backward"] == 64 * 7000 * 4  # written once
+
+
+def test_a_sort_reads_and_writes_its_keys_and_indices_once_per_key_byte():
+    for dtype, passes in ((torch.float32, 4), (torch.float16, 2)):
+        a = torch.randn(1 << 16, device="openreg", dtype=dtype)
+        launch = _launches(lambda a=a: torch.sort(a), "aten::sort")[0]
+        pairs = a.numel() * (a.element_size() + 8)
+        assert launch.cost.kind == "sort" and launch.cost.bytes == passes * 2 * pairs + a.numel() * a.element_size()

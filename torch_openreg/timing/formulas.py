@@ -42,7 +42,7 @@ SCATTERS = {"index_put", "index_add", "index_copy", "scatter", "scatter_add", "s
 # their outputs as arguments.
 WRITE_ONLY = {"zero", "fill", "normal", "uniform", "random", "exponential", "geometric", "cauchy", "log_normal",
               "_cummax_helper", "_cummin_helper"}
-SORTS = {"sort", "argsort", "msort"}  # every radix pass reads and writes keys and indices
+SORTS = {"sort", "argsort", "msort"}  # every radix pass reads and writes keys and indices (CUB onesweep)
 SELECTS = {"topk", "kthvalue", "median", "nanmedian", "mode"}  # radix select: passes read the input
 LIBRARY = {  # the attention dispatcher selects a backend and checks its inputs before it launches
     "_native_multi_head_attention", "_transformer_encoder_layer_fwd", "sdpa_overrideable",
@@ -172,8 +172,10 @@ def traffic(base: str, inputs: list, outputs: list, mutated: list, args: tuple =
     if base in ("nll_loss_backward", "nll_loss2d_backward") and len(args) > 1:
         # the input's gradient zero-filled, then one element per target written: the input is not read
         return nbytes([t for t in inputs if t is not args[1]]) + nbytes(outputs)
-    if base in SORTS and inputs:
-        return radix_passes(inputs[0]) * (nbytes(inputs) + nbytes(outputs))
+    if base in SORTS and inputs:  # each pass reads and writes keys and their indices; a histogram pass first
+        keys = inputs[0]
+        pairs = nbytes([keys]) + keys.numel() * 8.0  # int64 indices travel with the keys
+        return radix_passes(keys) * 2 * pairs + nbytes([keys])
     if base in SELECTS and inputs:  # the digit passes, then one more to gather the selected values
         return (radix_passes(inputs[0]) + 1) * nbytes(inputs[:1]) + nbytes(outputs)
     return nbytes(inputs) + nbytes(outputs) + nbytes(mutated)
