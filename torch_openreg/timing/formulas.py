@@ -183,7 +183,12 @@ def traffic(base: str, inputs: list, outputs: list, mutated: list, args: tuple =
 
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Whether two tensors are the same elements (an in-place call's ``out=self`` may be another object)."""
-    return a is b or (a.data_ptr() == b.data_ptr() and a.shape == b.shape and a.device == b.device)
+    if a is b:
+        return True
+    try:
+        return a.data_ptr() == b.data_ptr() and a.shape == b.shape and a.device == b.device
+    except RuntimeError:  # a tensor without storage (sparse, functional wrappers): not the same
+        return False
 
 
 def scattered(base: str, args: tuple, target: torch.Tensor) -> int:
