@@ -115,3 +115,24 @@ def test_a_sort_reads_and_writes_its_keys_and_indices_once_per_key_byte():
         launch = _launches(lambda a=a: torch.sort(a), "aten::sort")[0]
         pairs = a.numel() * (a.element_size() + 8)
         assert launch.cost.kind == "sort" and launch.cost.bytes == passes * 2 * pairs + a.numel() * a.element_size()
+
+
+def test_a_convolution_backward_is_a_data_gradient_a_weight_gradient_and_a_bias_reduction():
+    conv = torch.nn.Conv2d(16, 32, 3, padding=1).to("openreg")
+    x = torch.randn(4, 16, 28, 28, device="openreg", requires_grad=True)
+
+    def backward(bias: bool, data: bool):
+        conv.bias.requires_grad_(bias)
+        x.requires_grad_(data)
+        launch = _launches(lambda: conv(x).sum().backward(), "aten::convolution_backward")[0]
+        conv.zero_grad(set_to_none=True)
+        x.grad = None
+        return launch
+
+    every, weight_only = backward(True, True), backward(False, False)
+    assert [p.kind for p in every.cost.parts] == ["conv", "conv", "reduction"]
+    assert every.cost.parts[0].shape == (4 * 28 * 28, 16, 32 * 9, 1)  # data gradient: input pixels x C_in
+    assert every.cost.parts[1].shape == (32, 16 * 9, 4 * 28 * 28, 1)  # weight gradient: K over the pixels
+    assert not weight_only.cost.parts and weight_only.cost.shape == every.cost.parts[1].shape
+    assert weight_only.cost.flops == pytest.approx(every.cost.flops / 2, rel=0.01)
+    assert every.prediction.seconds > 2 * weight_only.prediction.seconds

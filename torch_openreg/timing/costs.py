@@ -223,6 +223,8 @@ def estimate(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Cost:
     host = "library" if base in formulas.LIBRARY else "op"
     cost = Cost(kind, flops, float(nbytes), dtype, shape=shape, formula=formula, host=host, tensors=tensors,
                 scratch=scratch)
+    if kind == "conv" and base in ("convolution_backward", "convolution_backward_overrideable") and meta_args:
+        return formulas.conv_backward(cost, args, outputs)
     return formulas.multi_tensor(cost, lists) if tensors else cost
 # LITERALINCLUDE END: TIMING PRICE OP
 

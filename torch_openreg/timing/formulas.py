@@ -327,6 +327,37 @@ def compiled(name: str, tensors, dtype: str) -> Cost:
 # LITERALINCLUDE END: TIMING COMPILED
 
 
+# LITERALINCLUDE START: TIMING CONV BACKWARD
+def conv_backward(cost: Cost, args: tuple, outputs: list) -> Cost:
+    """``convolution_backward`` as CUDA runs it: cuDNN's data-gradient and weight-gradient kernels, each
+    its own implicit matrix product with the forward's FLOPs (PyTorch's formula counts both), then the
+    bias gradient, a reduction of the output's gradient (``at::sum`` inside the operator), as the
+    output mask asks for them."""
+    try:
+        grad, x, w = args[0], args[1], args[2]
+        mask = list(args[10]) if len(args) > 10 else [True, True, True]
+        groups = args[9] if len(args) > 9 and isinstance(args[9], int) else 1
+        results = iter(outputs)
+        made = {i: next(results, None) for i in range(3) if mask[i]}
+        g = max(groups, 1)
+        window, pixels_in, pixels_out = math.prod(w.shape[2:]), math.prod(x.shape[2:]), math.prod(grad.shape[2:])
+        shapes = {0: (x.shape[0] * pixels_in, x.shape[1] // g, grad.shape[1] // g * window, g),
+                  1: (grad.shape[1] // g, w.shape[1] * window, x.shape[0] * pixels_out, g)}
+        reads = {0: [grad, w], 1: [grad, x]}
+    except (AttributeError, IndexError, TypeError, ValueError):
+        return cost
+    products = [i for i in (0, 1) if mask[i]]
+    parts = [Cost("conv", cost.flops / len(products), nbytes([*reads[i], made[i]]), cost.dtype, shape=shapes[i],
+                  formula=cost.formula) for i in products]
+    if len(mask) > 2 and mask[2] and made.get(2) is not None:
+        parts.append(Cost("reduction", float(grad.numel()), nbytes([grad, made[2]]), cost.dtype, formula=True))
+    if not parts:
+        return cost
+    one = parts[0] if len(parts) == 1 else combined(tuple(parts))
+    return dataclasses.replace(one, host=cost.host, scratch=cost.scratch)
+# LITERALINCLUDE END: TIMING CONV BACKWARD
+
+
 def conv_shape(args: tuple, out: torch.Tensor | None) -> tuple | None:
     """``(M, N, K, 1)`` of a convolution's implicit matrix product (output pixels x output channels x
     input channels times the kernel window), for the wave quantization."""
