@@ -386,6 +386,15 @@ def price_attention(name: str, query: torch.Tensor, key: torch.Tensor, value: to
     openreg.timing.next_cost(name, cost)
 
 
+def price_norm_backward(name: str, reads: list, written: list) -> None:
+    """openreg's kernel of a normalization backward that has no meta kernel (``_fused_rms_norm_backward``):
+    its two passes (:func:`.formulas.norm_backward`) over the gradient and the input it reads."""
+    reference = next((t for t in reads if t.is_floating_point()), reads[0])
+    cost = formulas.norm_backward(reads, written, dtype_name(reference.dtype, "normalization"))
+    host = "autograd" if autograd_issue(reads) else "op"
+    openreg.timing.next_cost(name, dataclasses.replace(cost, host=host))
+
+
 def price_launch(name: str, tensors, writes) -> None:
     """Any other named launch of the backend's kernels (fused RNN cells, view backwards, custom and
     quantized kernels), unless its site priced it: elementwise over the tensors it reads and writes,
