@@ -282,9 +282,11 @@ def launch(device: int, kernel, buffers: list, name: str, writes: list | None = 
     it writes (for the stream sanitizer)."""
     # the timing model prices it (only while it prices launches) as an elementwise kernel over the storages it touches
     openreg.current_stream(_dev(device)).launch(kernel, buffers=buffers, name=name, writes=writes,
-                                                cost=functools.partial(_elementwise_cost, buffers))
+                                                cost=functools.partial(_elementwise_cost, buffers, name))
 
 
-def _elementwise_cost(buffers: list) -> openreg.timing.Cost:
-    return openreg.timing.Cost("elementwise", bytes=float(sum(n for _, n in buffers)))
+def _elementwise_cost(buffers: list, name: str) -> openreg.timing.Cost:
+    moved = float(sum(n for _, n in buffers))  # a fill writes (no arithmetic); abs: one op per float32 read
+    flops = 0.0 if name.startswith(("fill_", "zero_")) else moved / 8
+    return openreg.timing.Cost("elementwise", flops, moved, formula=True)
 # LITERALINCLUDE END: BRIDGE LAUNCH

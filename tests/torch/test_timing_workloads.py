@@ -28,11 +28,11 @@ def _simulate_step(step, profile="h100-sxm"):
 @pytest.mark.parametrize("name", sorted(arithmetic.load_measurements()))
 def test_every_shared_workload_is_priced(name):
     """Each workload of the H100 file (small sizes): no launch without a cost, none priced by its bytes
-    alone except the bridge's fill kernel, and FLOPs wherever a kernel computes."""
+    alone, and FLOPs wherever a kernel computes."""
     report = _simulate_step(workloads.build(name, "openreg", small=True))
     assert report.launches and report.unpriced == []
     assert all(r.cost is not None for r in report.launches)
-    assert set(report.no_formula) <= {"fill_ (C++ kernel)"}
+    assert report.no_formula == []
     for r in report.launches:
         if r.cost.kind in ("matrix", "conv", "attention", "attention_backward"):
             assert r.cost.flops > 0 and r.cost.formula, r.name

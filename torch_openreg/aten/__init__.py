@@ -20,6 +20,7 @@ from . import (  # noqa: F401  (custom_ops registers on import)
     quantized,
     quantized_dynamic,
     random,
+    rms_norm,
     rnn,
     routes,
     sdpa,
@@ -109,6 +110,8 @@ _aten.impl("_thnn_fused_lstm_cell", rnn.lstm_cell, "PrivateUse1")
 _aten.impl("_thnn_fused_lstm_cell_backward_impl", rnn.lstm_cell_backward, "PrivateUse1")
 _aten.impl("_thnn_fused_gru_cell", rnn.gru_cell, "PrivateUse1")
 _aten.impl("_thnn_fused_gru_cell_backward", rnn.gru_cell_backward, "PrivateUse1")
+_aten.impl("_fused_rms_norm", rms_norm.fused_rms_norm, "PrivateUse1")  # CUDA's fused RMSNorm (issue 32)
+_aten.impl("_fused_rms_norm_backward", rms_norm.fused_rms_norm_backward, "PrivateUse1")
 # LITERALINCLUDE END: REGISTER SDPA AND RNN
 
 # LITERALINCLUDE START: REGISTER NESTED

@@ -144,6 +144,47 @@ def _graph_replay(device: str, small: bool) -> Step:
     return step
 
 
+def _cnn_step(device: str, small: bool) -> Step:
+    """A small CNN's training step: convolutions with batch norm, ReLU and pooling, a linear head,
+    cross-entropy, SGD with momentum (foreach): convolution backward and a training step's peak."""
+    channels, size, batch = (8, 16, 2) if small else (64, 56, 32)
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, channels, 3, padding=1), torch.nn.BatchNorm2d(channels), torch.nn.ReLU(),
+        torch.nn.MaxPool2d(2), torch.nn.Conv2d(channels, 2 * channels, 3, padding=1),
+        torch.nn.BatchNorm2d(2 * channels), torch.nn.ReLU(), torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(),
+        torch.nn.Linear(2 * channels, 10)).to(device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, foreach=True)
+    x = torch.randn(batch, 3, size, size, device=device)
+    y = torch.randint(0, 10, (batch,), device=device)
+
+    def step():
+        F.cross_entropy(model(x), y).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    return step
+
+
+def _cross_entropy(device: str, small: bool) -> Step:
+    """A language model head's loss, forward and backward: log-softmax over a vocabulary, NLL."""
+    rows, vocab = (64, 512) if small else (4096, 32768)
+    logits = torch.randn(rows, vocab, device=device, requires_grad=True)
+    target = torch.randint(0, vocab, (rows,), device=device)
+
+    def step():
+        F.cross_entropy(logits, target).backward()
+        logits.grad = None
+    return step
+
+
+def _scatter_add(device: str, small: bool) -> Step:
+    """Rows added into a table at indices (``index_add_``), as a sparse gradient update does."""
+    rows, dim, picks = (1024, 64, 256) if small else (1 << 20, 64, 1 << 18)
+    table = torch.zeros(rows, dim, device=device)
+    idx = torch.randint(0, rows, (picks,), device=device)
+    src = torch.randn(picks, dim, device=device)
+    return lambda: table.index_add_(0, idx, src)
+
+
 # LITERALINCLUDE START: TIMING CLASS WORKLOADS
 CLASS_WORKLOADS: dict[str, Callable[[str, bool], Step]] = {
     "embedding-f32-v32k-d1024-t8k": _embedding(backward=False),
@@ -165,7 +206,10 @@ CLASS_WORKLOADS: dict[str, Callable[[str, bool], Step]] = {
     "adamw-foreach-f32-50M": _optimizer("adamw-foreach"),
     "adamw-fused-f32-50M": _optimizer("adamw-fused"),
     "sgd-foreach-f32-50M": _optimizer("sgd-foreach"),
-    "compiled-mlp-step-f32-b512-w1024": _compiled_step,
     "graph-replay-mlp-fwd-f32-b512-w1024": _graph_replay,
+    "cnn-step-sgd-f32-b32-c64-56": _cnn_step,
+    "cross-entropy-f32-4096x32k": _cross_entropy,
+    "index-add-f32-1M-d64-256k": _scatter_add,
+    "compiled-mlp-step-f32-b512-w1024": _compiled_step,  # last: its compilation takes the longest to measure
 }
 # LITERALINCLUDE END: TIMING CLASS WORKLOADS

@@ -50,7 +50,8 @@ NORMALIZATION = {
 }
 REDUCTION = {
     "nll_loss_forward", "nll_loss_backward", "nll_loss2d_forward", "nll_loss2d_backward", "cumsum", "cumprod",
-    "logcumsumexp", "cummax", "cummin", "_foreach_norm", "embedding_dense_backward",
+    "logcumsumexp", "_logcumsumexp", "cummax", "cummin", "_cummax_helper", "_cummin_helper", "_foreach_norm",
+    "embedding_dense_backward",
 }
 SORT = {"sort", "argsort", "msort", "topk", "kthvalue", "median", "nanmedian", "mode", "unique", "_unique2",
         "unique_consecutive", "unique_dim"}
@@ -176,10 +177,16 @@ def estimate(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Cost:
         # the schema marks the gradients written for the grad scaler's unscale; without one they are only read
         grads = _tensors(args[1])
         mutated = [t for t in mutated if not any(t is g for g in grads)]
+    if base in formulas.WRITE_ONLY:  # fills and random fills write their tensor without reading it
+        written_only = mutated
     inputs = [t for t in inputs if not any(t is w for w in written_only)]  # an ``out=`` tensor is only written
     aliased = any(r.alias_info is not None for r in op._schema.returns)  # returns what it wrote: counted there
+    if aliased and not mutated and meta_args is not None:  # an empty ``out=`` the kernel resizes: the result's size
+        mutated = written_only = [t for t in _tensors(result) if t.numel()]
     outputs = [] if aliased or meta_args is None else _tensors(result)
-    nbytes = formulas.traffic(base, inputs, outputs, mutated)
+    if meta_args is None and not aliased and not mutated and inputs:  # no meta kernel: a result like its input
+        outputs = inputs[:1]
+    nbytes = formulas.traffic(base, inputs, outputs, mutated, args)
     reference = next((t for t in (*inputs, *outputs) if t.is_floating_point()), inputs[0] if inputs else None)
     dtype = dtype_name(reference.dtype if reference is not None else torch.float32, kind)
     fused = formulas.fused_layer(base, args, dtype) if base in ("_native_multi_head_attention",
@@ -216,6 +223,8 @@ def estimate(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Cost:
     host = "library" if base in formulas.LIBRARY else "op"
     cost = Cost(kind, flops, float(nbytes), dtype, shape=shape, formula=formula, host=host, tensors=tensors,
                 scratch=scratch)
+    if kind == "conv" and base in ("convolution_backward", "convolution_backward_overrideable") and meta_args:
+        return formulas.conv_backward(cost, args, outputs)
     return formulas.multi_tensor(cost, lists) if tensors else cost
 # LITERALINCLUDE END: TIMING PRICE OP
 
@@ -354,14 +363,13 @@ def price_item(t: torch.Tensor) -> None:
 
 
 def price_kernel(name: str, tensors: tuple) -> None:
-    """A compiled (Inductor) kernel: fused elementwise and reduction work, priced by the bytes of every
-    tensor it touches. Inductor's IR counts FLOPs only where PyTorch's FLOP registry has a formula
-    (``BaseSchedulerNode.estimate_flops``): matrix products, convolutions, attention, which a compiled
-    openreg graph runs as extern kernels, priced as operators with those formulas."""
-    nbytes = float(sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor)))
+    """A compiled (Inductor) kernel: fused elementwise, reduction and normalization work, priced by the
+    bytes of every tensor it touches, its class and FLOPs from the operators its name lists
+    (:func:`.formulas.compiled`). Matrix products, convolutions and attention run as extern kernels in a
+    compiled openreg graph, priced as operators with PyTorch's formulas."""
     reference = next((t for t in tensors if isinstance(t, torch.Tensor) and t.is_floating_point()), None)
     dtype = dtype_name(reference.dtype, "elementwise") if reference is not None else "float32"
-    openreg.timing.next_cost(name, Cost("elementwise", bytes=nbytes, dtype=dtype))
+    openreg.timing.next_cost(name, formulas.compiled(name, tensors, dtype))
 
 
 # LITERALINCLUDE START: TIMING PRICE LAUNCH
@@ -376,6 +384,15 @@ def price_attention(name: str, query: torch.Tensor, key: torch.Tensor, value: to
         if openreg.timing.active:
             note_scratch(query, cost.scratch, "attention_backward")
     openreg.timing.next_cost(name, cost)
+
+
+def price_norm_backward(name: str, reads: list, written: list) -> None:
+    """openreg's kernel of a normalization backward that has no meta kernel (``_fused_rms_norm_backward``):
+    its two passes (:func:`.formulas.norm_backward`) over the gradient and the input it reads."""
+    reference = next((t for t in reads if t.is_floating_point()), reads[0])
+    cost = formulas.norm_backward(reads, written, dtype_name(reference.dtype, "normalization"))
+    host = "autograd" if autograd_issue(reads) else "op"
+    openreg.timing.next_cost(name, dataclasses.replace(cost, host=host))
 
 
 def price_launch(name: str, tensors, writes) -> None:

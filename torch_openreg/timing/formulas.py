@@ -34,10 +34,15 @@ PER_ELEMENT = {
 # LITERALINCLUDE END: TIMING PER ELEMENT
 
 # Reads only the rows an index selects, from a table that may be far larger.
-GATHERS = {"embedding", "index_select", "gather", "take", "index", "embedding_bag", "_embedding_bag"}
+GATHERS = {"embedding", "index_select", "gather", "take", "index", "embedding_bag", "_embedding_bag",
+           "_embedding_bag_forward_only"}
 SCATTERS = {"index_put", "index_add", "index_copy", "scatter", "scatter_add", "scatter_reduce", "index_fill",
             "_index_put_impl", "put"}
-SORTS = {"sort", "argsort", "msort"}  # every radix pass reads and writes keys and indices
+# Operators whose mutated arguments are written, not read: fills, random fills, and helpers that take
+# their outputs as arguments.
+WRITE_ONLY = {"zero", "fill", "normal", "uniform", "random", "exponential", "geometric", "cauchy", "log_normal",
+              "_cummax_helper", "_cummin_helper"}
+SORTS = {"sort", "argsort", "msort"}  # every radix pass reads and writes keys and indices (CUB onesweep)
 SELECTS = {"topk", "kthvalue", "median", "nanmedian", "mode"}  # radix select: passes read the input
 LIBRARY = {  # the attention dispatcher selects a backend and checks its inputs before it launches
     "_native_multi_head_attention", "_transformer_encoder_layer_fwd", "sdpa_overrideable",
@@ -139,21 +144,79 @@ def radix_passes(t: torch.Tensor) -> int:
     return max(t.element_size(), 1)
 
 
-def traffic(base: str, inputs: list, outputs: list, mutated: list) -> float:
+# LITERALINCLUDE START: TIMING TRAFFIC
+def traffic(base: str, inputs: list, outputs: list, mutated: list, args: tuple = ()) -> float:
     """Bytes a kernel moves: what it reads plus what it writes (a mutated argument both), except that
-    gathers read only the rows they return, scatters touch only the rows they write, and radix sorts
-    and selections pass over their keys several times."""
+    gathers read only the rows they return (a bag of embeddings: the rows its indices name), scatters
+    touch only the elements they write (:func:`scattered`), and radix sorts and selections pass over
+    their keys several times."""
     if base in GATHERS and outputs:
         small = [t for t in inputs if not t.is_floating_point()]  # the indices
+        if base in ("embedding_bag", "_embedding_bag", "_embedding_bag_forward_only") and small:
+            table = inputs[0]
+            row = table.element_size() * (table.numel() // max(table.shape[0], 1) if table.dim() else 1)
+            return float(small[0].numel() * row) + nbytes(outputs[:1]) + nbytes(small) + nbytes(outputs[1:])
         return 2 * nbytes(outputs) + nbytes(small)
     if base in SCATTERS and inputs:
-        target, rest = inputs[0], inputs[1:]
-        return nbytes(rest) + 2 * min(nbytes([target]), nbytes(rest))
-    if base in SORTS and inputs:
-        return radix_passes(inputs[0]) * (nbytes(inputs) + nbytes(outputs))
+        target = args[0] if args and isinstance(args[0], torch.Tensor) else inputs[0]
+        elements = scattered(base, args, target)
+        moved = nbytes([t for t in inputs if t is not target]) + 2.0 * elements * target.element_size()
+        if not any(_same(t, target) for t in mutated):  # out of place: the target is copied to the output first
+            moved += nbytes([target]) + nbytes(outputs[:1] or mutated[:1])
+        return moved
+    if base in ("nll_loss_forward", "nll_loss2d_forward") and len(args) > 1 and isinstance(args[1], torch.Tensor):
+        # a gather: the targets, and one log-probability per target (not the whole input)
+        target, scores = args[1], args[0]
+        rest = [t for t in inputs if t is not scores and t is not target]
+        return nbytes([target]) + target.numel() * scores.element_size() + nbytes(rest) + nbytes(outputs)
+    if base in ("nll_loss_backward", "nll_loss2d_backward") and len(args) > 1:
+        # the input's gradient zero-filled, then one element per target written: the input is not read
+        return nbytes([t for t in inputs if t is not args[1]]) + nbytes(outputs)
+    if base in SORTS and inputs:  # each pass reads and writes keys and their indices; a histogram pass first
+        keys = inputs[0]
+        pairs = nbytes([keys]) + keys.numel() * 8.0  # int64 indices travel with the keys
+        return radix_passes(keys) * 2 * pairs + nbytes([keys])
     if base in SELECTS and inputs:  # the digit passes, then one more to gather the selected values
         return (radix_passes(inputs[0]) + 1) * nbytes(inputs[:1]) + nbytes(outputs)
     return nbytes(inputs) + nbytes(outputs) + nbytes(mutated)
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two tensors are the same elements (an in-place call's ``out=self`` may be another object)."""
+    if a is b:
+        return True
+    try:
+        return a.data_ptr() == b.data_ptr() and a.shape == b.shape and a.device == b.device
+    except RuntimeError:  # a tensor without storage (sparse, functional wrappers): not the same
+        return False
+
+
+def scattered(base: str, args: tuple, target: torch.Tensor) -> int:
+    """Elements of ``target`` a scatter writes: one per index (``scatter``, ``put``), the source's
+    elements (``index_add``, ``index_copy``), one slice per index (``index_fill``), or the indexed
+    positions times the trailing slice (``index_put``: broadcast indices; a mask, all it covers)."""
+    def tensor(i: int):
+        value = args[i] if i < len(args) else None
+        return value if isinstance(value, torch.Tensor) else None
+
+    try:
+        index = tensor(1 if base == "put" else 2)
+        if base in ("scatter", "scatter_add", "scatter_reduce", "put") and index is not None:
+            return index.numel()
+        if base in ("index_add", "index_copy") and tensor(3) is not None:
+            return tensor(3).numel()
+        if base == "index_fill" and tensor(2) is not None:
+            dim = int(args[1]) % max(target.dim(), 1)
+            return tensor(2).numel() * (target.numel() // max(target.shape[dim], 1) if target.dim() else 1)
+        if base in ("index_put", "_index_put_impl") and isinstance(args[1], (list, tuple)):
+            indices = list(args[1])
+            covered = sum(t.dim() if isinstance(t, torch.Tensor) and t.dtype == torch.bool else 1 for t in indices)
+            count = max((t.numel() for t in indices if isinstance(t, torch.Tensor)), default=1)
+            return count * math.prod(target.shape[covered:])
+    except (IndexError, TypeError, ValueError):
+        pass
+    return target.numel()
+# LITERALINCLUDE END: TIMING TRAFFIC
 
 
 # LITERALINCLUDE START: TIMING ATTENTION
@@ -223,6 +286,76 @@ def fused_layer(base: str, args: tuple, dtype: str) -> Cost | None:
         parts += [norm, _mm(tokens, f, e, dtype, size), activation, _mm(tokens, e, f, dtype, size), norm]
     return combined(tuple(parts))
 # LITERALINCLUDE END: TIMING FUSED LAYERS
+
+
+# LITERALINCLUDE START: TIMING COMPILED
+# Inductor names a fused kernel after the operators it fused (``cpp_fused_gelu_gelu_backward_sum_0``,
+# ``triton_red_fused_native_layer_norm_1``; ``red``/``per``: a reduction): its class and its FLOPs per element.
+_NORMALIZING = ("native_layer_norm", "layer_norm", "native_batch_norm", "batch_norm", "native_group_norm",
+                "group_norm", "rms_norm", "_softmax", "softmax", "_log_softmax", "log_softmax", "var_mean",
+                "logsumexp")
+_REDUCING = ("sum", "mean", "amax", "amin", "max", "min", "argmax", "argmin", "prod", "var", "std",
+             "linalg_vector_norm", "any", "all", "nll_loss_forward", "nll_loss_backward", "cumsum", "cumprod")
+_ELEMENTWISE = ("clamp_min", "clamp_max", "threshold_backward", "maximum", "minimum", "where", "relu", "native_dropout",
+                "mse_loss_backward", "sigmoid_backward", "tanh_backward", "gelu_backward", "silu_backward")
+_WORDS = {w.lstrip("_") for w in (*PER_ELEMENT, *_NORMALIZING, *_REDUCING, *_ELEMENTWISE)}
+
+
+def fused_operators(name: str) -> list[str]:
+    """The operators an Inductor kernel's name lists, longest names first (``gelu_backward`` is one)."""
+    body = name.split("fused_", 1)[1] if "fused_" in name else name
+    tokens = [t for t in body.split("_") if t and not t.isdigit()]
+    ops, i = [], 0
+    while i < len(tokens):
+        j = next((j for j in range(len(tokens), i, -1) if "_".join(tokens[i:j]) in _WORDS), i + 1)
+        ops.append("_".join(tokens[i:j]))
+        i = j
+    return ops
+
+
+def compiled(name: str, tensors, dtype: str) -> Cost:
+    """A compiled (Inductor) kernel: the bytes of every tensor it touches, its class from the operators
+    its name lists (a normalization or softmax reads its rows more than once; a reduction), and
+    ``PER_ELEMENT`` operations per element of its largest tensor for each operator it fused."""
+    ops = fused_operators(name)
+    kind = "normalization" if any(op in _NORMALIZING or "_" + op in _NORMALIZING for op in ops) else \
+        "reduction" if name.startswith(("triton_red", "triton_per")) or any(op in _REDUCING for op in ops) else \
+        "elementwise"
+    elements = max((t.numel() for t in tensors if isinstance(t, torch.Tensor)), default=0)
+    flops = float(sum(per_element(op) for op in ops) * elements) if ops else float(elements)
+    return Cost(kind, flops, nbytes(tensors), dtype, formula=True)
+# LITERALINCLUDE END: TIMING COMPILED
+
+
+# LITERALINCLUDE START: TIMING CONV BACKWARD
+def conv_backward(cost: Cost, args: tuple, outputs: list) -> Cost:
+    """``convolution_backward`` as CUDA runs it: cuDNN's data-gradient and weight-gradient kernels, each
+    its own implicit matrix product with the forward's FLOPs (PyTorch's formula counts both), then the
+    bias gradient, a reduction of the output's gradient (``at::sum`` inside the operator), as the
+    output mask asks for them."""
+    try:
+        grad, x, w = args[0], args[1], args[2]
+        mask = list(args[10]) if len(args) > 10 else [True, True, True]
+        groups = args[9] if len(args) > 9 and isinstance(args[9], int) else 1
+        results = iter(outputs)
+        made = {i: next(results, None) for i in range(3) if mask[i]}
+        g = max(groups, 1)
+        window, pixels_in, pixels_out = math.prod(w.shape[2:]), math.prod(x.shape[2:]), math.prod(grad.shape[2:])
+        shapes = {0: (x.shape[0] * pixels_in, x.shape[1] // g, grad.shape[1] // g * window, g),
+                  1: (grad.shape[1] // g, w.shape[1] * window, x.shape[0] * pixels_out, g)}
+        reads = {0: [grad, w], 1: [grad, x]}
+    except (AttributeError, IndexError, TypeError, ValueError):
+        return cost
+    products = [i for i in (0, 1) if mask[i]]
+    parts = [Cost("conv", cost.flops / len(products), nbytes([*reads[i], made[i]]), cost.dtype, shape=shapes[i],
+                  formula=cost.formula) for i in products]
+    if len(mask) > 2 and mask[2] and made.get(2) is not None:
+        parts.append(Cost("reduction", float(grad.numel()), nbytes([grad, made[2]]), cost.dtype, formula=True))
+    if not parts:
+        return cost
+    one = parts[0] if len(parts) == 1 else combined(tuple(parts))
+    return dataclasses.replace(one, host=cost.host, scratch=cost.scratch)
+# LITERALINCLUDE END: TIMING CONV BACKWARD
 
 
 def conv_shape(args: tuple, out: torch.Tensor | None) -> tuple | None:
