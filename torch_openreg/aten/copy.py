@@ -93,12 +93,12 @@ def copy_from(src: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False) 
     """
     if not isinstance(src, torch.Tensor):  # ``t.copy_(float("inf"))``: a wrapped number reaches Python as a number
         src = torch.tensor(src, dtype=_WRAPPED_NUMBERS[type(src)])
+    to_device = dst.get_device() >= 0
+    if to_device and src.get_device() >= 0 and _same_data(src, dst):
+        return dst  # no kernel (nothing for the timing model to price): what copy_ does on the CPU and CUDA
     if openreg.timing.pricing:  # the timing model prices the copy's launch (torch_openreg/timing)
         timing_costs.price_copy(src, dst, non_blocking)
-    to_device = dst.get_device() >= 0
     if to_device and src.get_device() >= 0:
-        if _same_data(src, dst):
-            return dst  # no kernel: what copy_ does for the devices it handles itself (CPU, CUDA)
         _check_shapes(src, dst)
         if src.device == dst.device:
             launch(dst.device.index, _copy_into, host_view(dst), host_view(src), tensors=(dst, src), writes=(dst,),
