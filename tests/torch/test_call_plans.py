@@ -412,3 +412,24 @@ def test_a_number_a_check_refuses_still_raises_at_the_call(call, good, bad, matc
     with pytest.raises(RuntimeError, match=match):
         call(x.to(DEV), bad)
     torch.openreg.synchronize()
+
+
+def _plans(name: str) -> list:
+    return [p for e in call_plans._ops.values() if e for p in e.plans.values() if p.traits.name == name]
+
+
+def test_a_plan_whose_cpu_kernel_restrides_its_output_stays_checked(fallback_fast):
+    """A plan's out= kernel checks the outputs' geometry until one run kept it (then every run of that call
+    shape does); ``max_unpool2d``'s restrides a channels-last result on every run: moved back every run."""
+    # call shapes no other test makes (a remembered route with its plan evicted would take the general path)
+    for _ in range(3):
+        x, idx = torch.nn.functional.max_pool2d(torch.randn(1, 5, 6, 10, dtype=torch.float64), 2, return_indices=True)
+        x, idx = x.contiguous(memory_format=torch.channels_last), idx.contiguous(memory_format=torch.channels_last)
+        expected = torch.nn.functional.max_unpool2d(x, idx, 2, output_size=(6, 10))
+        got = torch.nn.functional.max_unpool2d(x.to(DEV), idx.to(DEV), 2, output_size=(6, 10))
+        torch.testing.assert_close(got.cpu(), expected)
+    assert _plans("aten::max_unpool2d") and not any(p.clean for p in _plans("aten::max_unpool2d"))
+    for _ in range(3):
+        a = torch.randn(3, 11, dtype=torch.float64)
+        torch.testing.assert_close((a.to(DEV) * 3).cpu(), a * 3)
+    assert any(p.clean for p in _plans("aten::mul.Tensor"))

@@ -83,3 +83,25 @@ def test_host_access_through_a_device_pointer_faults_while_a_kernel_on_another_s
     ptr = proc.stdout.split()[1]
     assert len(proc.stdout.splitlines()) == 1  # nothing was read
     assert f"openreg: host code accessed device memory at {ptr}" in proc.stderr
+
+
+def test_a_copy_between_views_of_the_same_elements_launches_nothing(launches, no_leak):
+    """``x[i] += 1`` writes its result back with ``x[i].copy_(x[i])``: copy_ returns at once for views of the
+    same elements, as it does on the CPU and CUDA; views that differ in offset, strides or bits still copy."""
+    x = torch.zeros(4, 5, dtype=torch.int64, device="openreg")
+    torch.openreg.synchronize()
+    launches.clear()
+    x[1, 2] += 1
+    x[2].copy_(x[2])
+    assert launches == ["aten::add.out"]
+    launches.clear()
+    x[3].copy_(x[1])
+    x[::2, 0].copy_(x[1::2, 0])
+    assert launches == ["copy_d2d", "copy_d2d"]
+    expected = torch.zeros(4, 5, dtype=torch.int64)
+    expected[1, 2] = 1
+    expected[3, 2] = 1
+    torch.testing.assert_close(x.cpu(), expected, rtol=0, atol=0)
+    c = torch.tensor([1 + 2j, 3 - 4j], device="openreg")
+    c.copy_(c.conj())  # the same bytes, a conjugate bit apart: a copy
+    torch.testing.assert_close(c.cpu(), torch.tensor([1 - 2j, 3 + 4j]))

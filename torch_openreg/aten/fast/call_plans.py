@@ -34,7 +34,7 @@ _NUMBERS = (bool, int, float, complex)
 class Plan:
     """How calls of one call shape run; a kind of plan per way of writing the outputs (the subclasses)."""
 
-    __slots__ = ("op", "traits", "index", "wrapped", "rewrap", "cacheable")
+    __slots__ = ("op", "traits", "index", "wrapped", "rewrap", "cacheable", "clean")
 
     def __init__(self, call: Call, wrapped: tuple) -> None:
         self.op, self.traits, self.index = call.op, call.traits, call.device.index
@@ -43,6 +43,7 @@ class Plan:
         # the first call's, which depends on the number's type alone).
         self.rewrap = call.traits.numbers == NUMBER_CLASS
         self.cacheable = True  # whether a later call with the same call shape may run this plan as it is
+        self.clean = False  # its out= kernel has run and kept the outputs' shapes and strides (OutKernel)
 
     def run(self, host_args, host_kwargs: dict, extents: list, args: tuple, kwargs: dict, check: bool) -> Any:
         """Allocate the outputs, launch the kernel (at the call when ``check``), return the outputs."""
@@ -75,7 +76,7 @@ class ThroughOutOverload(Plan):
             outs.append(out)
             extents.append(where)
         return outs, FunctionalOutKernel(self.traits.name, self.op, self.out_op, host_args, host_kwargs,
-                                         self.out_names, self.scratch)
+                                         self.out_names, self.scratch, self)
 
 
 class GivenOut(Plan):
@@ -95,7 +96,8 @@ class GivenOut(Plan):
 
     def prepare(self, host_args, host_kwargs, extents, args, kwargs) -> tuple[list, OutKernel]:
         outs = [self.traits.value(args, kwargs, ret.arg) for ret in self.traits.returns]
-        return outs, OutKernel(self.traits.name, self.op, host_args, host_kwargs, self.traits.out_args, self.scratch)
+        return outs, OutKernel(self.traits.name, self.op, host_args, host_kwargs, self.traits.out_args, self.scratch,
+                               self)
 
 
 class InPlace(Plan):
@@ -113,7 +115,7 @@ class InPlace(Plan):
 
     def prepare(self, host_args, host_kwargs, extents, args, kwargs) -> tuple[list, OutKernel]:
         outs = [self.traits.value(args, kwargs, ret.arg) for ret in self.traits.returns]
-        return outs, OutKernel(self.traits.name, self.op, host_args, host_kwargs, (), False)
+        return outs, OutKernel(self.traits.name, self.op, host_args, host_kwargs, (), False, self)
 
 
 class Served(Plan):

@@ -68,25 +68,33 @@ def reduces(traits: OpTraits, outputs: list, tensors: list) -> bool:
 class OutKernel:
     """A queued ``out=`` kernel over host views (a class, not a closure: see ``fallback.CopyKernel``)."""
 
-    __slots__ = ("name", "out_op", "cpu_args", "cpu_kwargs", "names", "scratch")
+    __slots__ = ("name", "out_op", "cpu_args", "cpu_kwargs", "names", "scratch", "plan")
 
-    def __init__(self, name: str, out_op, cpu_args: tuple, cpu_kwargs: dict, names: tuple, scratch: bool) -> None:
+    def __init__(self, name: str, out_op, cpu_args: tuple, cpu_kwargs: dict, names: tuple, scratch: bool,
+                 plan=None) -> None:
         self.name, self.out_op, self.cpu_args, self.cpu_kwargs = name, out_op, cpu_args, cpu_kwargs
-        self.names, self.scratch = names, scratch
+        self.names, self.scratch, self.plan = names, scratch, plan
 
     def __call__(self) -> None:
-        out_op, cpu_args, cpu_kwargs = self.out_op, self.cpu_args, self.cpu_kwargs
+        out_op, cpu_args, cpu_kwargs, plan = self.out_op, self.cpu_args, self.cpu_kwargs, self.plan
+        if plan is not None and plan.clean:  # this call shape's CPU kernel kept its outputs as given: it will again
+            out_op._op(*cpu_args, **cpu_kwargs)  # (OpOverload.__call__'s own call, without its frame)
+            return
         if not self.scratch and id(out_op) not in _SCRATCH:  # (by id: an OpOverload hashes in Python)
             views = [v for v in [cpu_kwargs[n] for n in self.names] if isinstance(v, torch.Tensor)]
             shapes = [(v.shape, v.stride()) for v in views]
             try:
-                out_op._op(*cpu_args, **cpu_kwargs)  # (OpOverload.__call__'s own call, without its frame)
+                out_op._op(*cpu_args, **cpu_kwargs)
+                clean = True
                 for view, (shape, stride) in zip(views, shapes):
                     if view.shape != shape:  # shrunk in place: the CPU's output shape is not the meta kernel's
                         raise CpuDisagrees(f"{self.name}: the CPU kernel resized an output from "
                                            f"{tuple(shape)} to {tuple(view.shape)}")
                     if view.stride() != stride:
                         _restride_back(view, stride)
+                        clean = False
+                if clean and plan is not None:  # (the outputs' geometry is a function of the call shape)
+                    plan.clean = True
                 return
             except RuntimeError as exc:
                 if "not resizable" not in str(exc):
@@ -110,9 +118,10 @@ class FunctionalOutKernel(OutKernel):
     __slots__ = ("functional",)
 
     def __init__(self, name: str, functional, out_op, cpu_args: tuple, cpu_kwargs: dict, names: tuple,
-                 scratch: bool) -> None:
+                 scratch: bool, plan=None) -> None:
         self.name, self.out_op, self.cpu_args, self.cpu_kwargs = name, out_op, cpu_args, cpu_kwargs
         self.names, self.scratch, self.functional = names, scratch, functional  # (no super() call: per launch)
+        self.plan = plan
 
     def on_host(self) -> list:
         result = self.functional(*self.cpu_args, **{k: v for k, v in self.cpu_kwargs.items() if k not in self.names})
