@@ -561,3 +561,22 @@ def test_pow_of_bool_by_a_bool_exponent_stays_bool_as_on_the_cpu(no_leak):
     for cpu, openreg in zip(results["cpu"], results["openreg"]):
         assert openreg.dtype == cpu.dtype == torch.bool
         torch.testing.assert_close(openreg.cpu(), cpu)
+
+
+@pytest.mark.parametrize("shape", [(0, 0), (3, 4)])
+def test_nll_loss_with_a_weight_of_another_dtype_raises_the_cpus_error(shape, no_leak):
+    # test_modules' test_errors_nn_NLLLoss: the meta kernel types total_weight as the weight, the CPU's out= kernel
+    # as the input, and refused the fallback's outputs with its own out= message; the CPU's error is the kernel's
+    errors = {}
+    for device in ("cpu", "openreg"):
+        x = torch.randn(shape, device=device)
+        target = torch.zeros(shape[0], dtype=torch.long, device=device)
+        loss = torch.nn.NLLLoss(weight=torch.ones(shape[1], dtype=torch.float16, device=device))
+        for _ in range(2):  # the first call of the call shape and a later one
+            errors.setdefault(device, []).append(str(_raised(lambda: loss(x, target))))
+    assert errors["openreg"] == errors["cpu"] and "expected scalar type" in errors["cpu"][0]
+    x = torch.randn(shape)  # the same call in one dtype computes the CPU's loss
+    target = torch.zeros(shape[0], dtype=torch.long)
+    expected = torch.nn.NLLLoss(weight=torch.ones(shape[1]))(x, target)
+    got = torch.nn.NLLLoss(weight=torch.ones(shape[1], device="openreg"))(x.to("openreg"), target.to("openreg"))
+    torch.testing.assert_close(got.cpu(), expected, equal_nan=True)
