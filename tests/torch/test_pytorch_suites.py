@@ -582,3 +582,18 @@ def test_nll_loss_with_a_weight_of_another_dtype_raises_the_cpus_error(shape, no
     expected = torch.nn.NLLLoss(weight=torch.ones(shape[1]))(x, target)
     got = torch.nn.NLLLoss(weight=torch.ones(shape[1], device="openreg"))(x.to("openreg"), target.to("openreg"))
     torch.testing.assert_close(got.cpu(), expected, equal_nan=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_attention_backward_in_float64_as_on_the_cpu(dtype, no_leak):
+    # test_modules' test_grad_nn_Transformer*_float64: the CPU's flash backward read openreg's float32 logsumexp
+    # where it needs the float64 one ("expected scalar type Double but found Float" at the next synchronization)
+    torch.manual_seed(0)
+    given = [torch.randn(2, 3, 5, 4, dtype=dtype) for _ in range(3)]
+    results = {}
+    for device in ("cpu", "openreg"):
+        q, k, v = (t.to(device).requires_grad_() for t in given)
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+        results[device] = (out, *torch.autograd.grad(out, (q, k, v), torch.ones_like(out)))
+    for cpu, openreg in zip(results["cpu"], results["openreg"]):
+        torch.testing.assert_close(openreg.cpu(), cpu)

@@ -223,7 +223,10 @@ def attention_backward(grad_out, query, key, value, attn_bias, grad_input_mask, 
     if openreg.timing.pricing:  # the timing model: PyTorch's attention FLOP formula (torch_openreg/timing)
         timing_costs.price_attention("sdpa_overrideable_backward", query, key, value,
                                      [*grads, *(t for t in (*inputs, out, logsumexp) if t is not None)], backward=True)
-    if not want_bias and _cpu_uses_flash(query, key, value, attn_bias, dropout_p):
+    # The CPU's flash backward reads the logsumexp in the inputs' accumulation type, float64 for float64 inputs;
+    # openreg keeps it in float32, as PyTorch's meta kernel says: float64 takes the math path's gradients.
+    flash = not want_bias and query.dtype != torch.float64
+    if flash and _cpu_uses_flash(query, key, value, attn_bias, dropout_p):
         launch(query.device.index, _flash_backward_kernel, host_views(*grads[:3]),
                *host_views(*inputs, out, logsumexp), is_causal, scale,
                tensors=[*grads, *(t for t in (*inputs, out, logsumexp) if t is not None)],
