@@ -597,3 +597,12 @@ def test_attention_backward_in_float64_as_on_the_cpu(dtype, no_leak):
         results[device] = (out, *torch.autograd.grad(out, (q, k, v), torch.ones_like(out)))
     for cpu, openreg in zip(results["cpu"], results["openreg"]):
         torch.testing.assert_close(openreg.cpu(), cpu)
+
+
+def test_attention_gradcheck_with_an_undefined_output_gradient(no_leak):
+    # test_modules' test_grad_nn_Transformer* float64: gradcheck's undefined-gradient check hands the attention's
+    # backward an undefined output gradient (None in the kernel): the inputs' gradients are zero, as on the CPU
+    torch.manual_seed(0)
+    given = [torch.randn(1, 2, 3, 4, dtype=torch.float64, device="openreg", requires_grad=True) for _ in range(3)]
+    assert torch.autograd.gradcheck(torch.nn.functional.scaled_dot_product_attention, given,
+                                    check_undefined_grad=True)
