@@ -593,3 +593,48 @@ def test_writing_a_lazy_clone_never_reaches_its_other_copy(write, no_leak):
         torch.testing.assert_close(t.cpu(), torch.arange(4.0))
         torch.testing.assert_close(clone.cpu(), torch.tensor(expected))
         assert not torch._C._is_cow_tensor(clone)
+
+
+@pytest.mark.parametrize("shape", [(0, 0), (3, 4)])
+def test_nll_loss_with_a_weight_of_another_dtype_raises_the_cpus_error(shape, no_leak):
+    # test_modules' test_errors_nn_NLLLoss: the meta kernel types total_weight as the weight, the CPU's out= kernel
+    # as the input, and refused the fallback's outputs with its own out= message; the CPU's error is the kernel's
+    errors = {}
+    for device in ("cpu", "openreg"):
+        x = torch.randn(shape, device=device)
+        target = torch.zeros(shape[0], dtype=torch.long, device=device)
+        loss = torch.nn.NLLLoss(weight=torch.ones(shape[1], dtype=torch.float16, device=device))
+        for _ in range(2):  # the first call of the call shape and a later one
+            with pytest.raises(RuntimeError) as info:
+                loss(x, target)
+            errors.setdefault(device, []).append(str(info.value))
+    assert errors["openreg"] == errors["cpu"] and "expected scalar type" in errors["cpu"][0]
+    x = torch.randn(shape)  # the same call in one dtype computes the CPU's loss
+    target = torch.zeros(shape[0], dtype=torch.long)
+    expected = torch.nn.NLLLoss(weight=torch.ones(shape[1]))(x, target)
+    got = torch.nn.NLLLoss(weight=torch.ones(shape[1], device="openreg"))(x.to("openreg"), target.to("openreg"))
+    torch.testing.assert_close(got.cpu(), expected, equal_nan=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_attention_backward_in_float64_as_on_the_cpu(dtype, no_leak):
+    # test_modules' test_grad_nn_Transformer*_float64: the CPU's flash backward read openreg's float32 logsumexp
+    # where it needs the float64 one ("expected scalar type Double but found Float" at the next synchronization)
+    torch.manual_seed(0)
+    given = [torch.randn(2, 3, 5, 4, dtype=dtype) for _ in range(3)]
+    results = {}
+    for device in ("cpu", "openreg"):
+        q, k, v = (t.to(device).requires_grad_() for t in given)
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+        results[device] = (out, *torch.autograd.grad(out, (q, k, v), torch.ones_like(out)))
+    for cpu, openreg in zip(results["cpu"], results["openreg"]):
+        torch.testing.assert_close(openreg.cpu(), cpu)
+
+
+def test_attention_gradcheck_with_an_undefined_output_gradient(no_leak):
+    # test_modules' test_grad_nn_Transformer* float64: gradcheck's undefined-gradient check hands the attention's
+    # backward an undefined output gradient (None in the kernel): the inputs' gradients are zero, as on the CPU
+    torch.manual_seed(0)
+    given = [torch.randn(1, 2, 3, 4, dtype=torch.float64, device="openreg", requires_grad=True) for _ in range(3)]
+    assert torch.autograd.gradcheck(torch.nn.functional.scaled_dot_product_attention, given,
+                                    check_undefined_grad=True)

@@ -216,15 +216,21 @@ def _forward_kernel(out, lse, q, k, v, bias, dropout_p, is_causal, scale, state,
 def attention_backward(grad_out, query, key, value, attn_bias, grad_input_mask, out, logsumexp, cum_seq_q,
                        cum_seq_k, max_q, max_k, dropout_p, is_causal, philox_seed, philox_offset, scale=None):
     """The backward: the math path's gradients over host views, in one launch."""
-    grads = [torch.empty_like(query), torch.empty_like(key), torch.empty_like(value)]
     want_bias = attn_bias is not None and attn_bias.is_floating_point() and grad_input_mask[3]
+    if grad_out is None:  # an output gradient autograd left undefined (gradcheck's): the inputs' gradients are zero
+        return (*(torch.zeros_like(t) for t in (query, key, value)),
+                torch.zeros_like(attn_bias) if want_bias else torch.empty(0, device=query.device))
+    grads = [torch.empty_like(query), torch.empty_like(key), torch.empty_like(value)]
     grads.append(torch.empty_like(attn_bias) if want_bias else torch.empty(0, device=query.device))
     inputs = (grad_out, query, key, value, attn_bias)
     # the timing model: PyTorch's attention FLOP formula (torch_openreg/timing), while it prices launches
     price = {"cost": timing_costs.price_attention,
              "cost_args": ("sdpa_overrideable_backward", query, key, value,
                            [*grads, *(t for t in (*inputs, out, logsumexp) if t is not None)], True)}
-    if not want_bias and _cpu_uses_flash(query, key, value, attn_bias, dropout_p):
+    # The CPU's flash backward reads the logsumexp in the inputs' accumulation type, float64 for float64 inputs;
+    # openreg keeps it in float32, as PyTorch's meta kernel says: float64 takes the math path's gradients.
+    flash = not want_bias and query.dtype != torch.float64
+    if flash and _cpu_uses_flash(query, key, value, attn_bias, dropout_p):
         launch(query.device.index, _flash_backward_kernel, host_views(*grads[:3]),
                *host_views(*inputs, out, logsumexp), is_causal, scale,
                tensors=[*grads, *(t for t in (*inputs, out, logsumexp) if t is not None)],

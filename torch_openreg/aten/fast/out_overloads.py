@@ -69,6 +69,7 @@ class OutKernel:
     """A queued ``out=`` kernel over host views (a class, not a closure: see ``fallback.CopyKernel``)."""
 
     __slots__ = ("name", "out_op", "cpu_args", "cpu_kwargs", "names", "scratch", "plan")
+    fresh = False  # whether the outputs are the fallback's own, allocated from the meta run (not the caller's)
 
     def __init__(self, name: str, out_op, cpu_args: tuple, cpu_kwargs: dict, names: tuple, scratch: bool,
                  plan=None) -> None:
@@ -97,7 +98,12 @@ class OutKernel:
                     plan.clean = True
                 return
             except RuntimeError as exc:
-                if "not resizable" not in str(exc):
+                message = str(exc)
+                if self.fresh and message.startswith(_OUT_DTYPE):
+                    # outputs allocated from the meta run in another dtype than the CPU's out= kernel gives them
+                    # (``nll_loss_forward``'s total_weight: the weight's dtype on meta, the input's on the CPU)
+                    raise CpuDisagrees(f"{self.name}: {message.splitlines()[0]}") from None
+                if "not resizable" not in message:
                     raise
                 _SCRATCH.add(id(out_op))
         # Some CPU out= kernels use ``out`` as scratch space and resize it (losses with a reduction
@@ -116,6 +122,7 @@ class FunctionalOutKernel(OutKernel):
     (``binary_cross_entropy.out`` given a host tensor to size returns another reduction than the CPU's)."""
 
     __slots__ = ("functional",)
+    fresh = True
 
     def __init__(self, name: str, functional, out_op, cpu_args: tuple, cpu_kwargs: dict, names: tuple,
                  scratch: bool, plan=None) -> None:
@@ -143,5 +150,9 @@ def _restride_back(view: torch.Tensor, stride: tuple) -> None:
     view.copy_(values)
 
 
+# The out= overloads' own check of a given output's dtype (a structured kernel's): given the fallback's outputs, it
+# means the meta kernel typed them otherwise than the CPU kernel does, which then decides (``CpuDisagrees``): a
+# call the CPU refuses raises the functional kernel's own error, as on the CPU.
+_OUT_DTYPE = "Expected out tensor to have dtype"
 _SCRATCH: set = set()  # ids of the out= overloads whose CPU kernel turned out to resize ``out`` (learned)
 # LITERALINCLUDE END: OUT KERNEL
