@@ -638,3 +638,21 @@ def test_attention_gradcheck_with_an_undefined_output_gradient(no_leak):
     given = [torch.randn(1, 2, 3, 4, dtype=torch.float64, device="openreg", requires_grad=True) for _ in range(3)]
     assert torch.autograd.gradcheck(torch.nn.functional.scaled_dot_product_attention, given,
                                     check_undefined_grad=True)
+
+
+@pytest.mark.parametrize("bits", ["conj", "neg"])
+def test_a_view_the_cpu_kernel_returns_keeps_its_lazy_bits(bits):
+    """The run-now path re-expresses a view the CPU kernel returned as a view of the openreg argument; it dropped
+    the view's lazy conjugate/negative bit (a conjugated input's slice came back unconjugated), while the views
+    built from the meta run kept theirs: one builder now (outputs.device_view)."""
+    from torch_openreg.aten.fallback import host_alias_to_device
+    from torch_openreg.aten.launch import host_view
+
+    x = torch.randn(5, dtype=torch.complex64)
+    base = x.to("openreg")
+    lazy = base.conj() if bits == "conj" else torch._neg_view(base)
+    expected = (x.conj() if bits == "conj" else torch._neg_view(x))[1:4]
+    view = host_alias_to_device(host_view(lazy)[1:4], lazy, lazy.device)
+    assert (view.is_conj(), view.is_neg()) == (expected.is_conj(), expected.is_neg())
+    assert view.untyped_storage().data_ptr() == base.untyped_storage().data_ptr()
+    torch.testing.assert_close(view.cpu(), expected.resolve_conj().resolve_neg())

@@ -34,7 +34,7 @@ from . import cpu_rules
 from .arguments import call_key, device_of, map_tensors, tensors_of, wrap_numbers
 from .call import Call, Route
 from .launch import detach_frames, host_view, launch, run_sync
-from .outputs import CpuDisagrees, as_return, copy_into, fit_to, output_pairs
+from .outputs import CpuDisagrees, as_return, copy_into, device_view, fit_to, output_pairs
 from .sparse import members
 from .traits import Kind, OpTraits, traits_of
 
@@ -258,7 +258,7 @@ def _run_now(call: Call) -> Any:
             final.append(map_tensors(r, lambda t: t.to(call.device)))
         elif ret.kind is Kind.VIEW:
             base = call.value(ret.arg)
-            final.append(map_tensors(r, lambda t, base=base: _host_alias_to_device(t, base, call.device)))
+            final.append(map_tensors(r, lambda t, base=base: host_alias_to_device(t, base, call.device)))
         else:
             final.append(call.value(ret.arg))
     return as_return(final)
@@ -286,10 +286,11 @@ def _aliases(t: torch.Tensor, storages: set[int]) -> bool:
     return any(_aliases(m, storages) for m in members(t))
 
 
-def _host_alias_to_device(t: torch.Tensor, base: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """A CPU view the kernel returned, re-expressed as a view of the openreg ``base``."""
+def host_alias_to_device(t: torch.Tensor, base: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A CPU view the kernel returned of a host view, re-expressed as a view of the openreg ``base`` (with the
+    CPU view's own lazy conjugate/negative bits: the kernel may have returned ``x.conj()[1:]``)."""
     offset = (t.data_ptr() - _C._storage_base(base)) // t.element_size()
-    return torch.empty(0, dtype=t.dtype, device=device).set_(base.untyped_storage(), offset, t.size(), t.stride())
+    return device_view(base, t, offset, device, t.is_conj(), t.is_neg())
 # LITERALINCLUDE END: RUN NOW
 
 

@@ -27,7 +27,8 @@ def outputs(call: Any) -> list:
                                                                      device=device)))
         elif ret.kind is Kind.VIEW:
             base = call.value(ret.arg)
-            outs.append(map_tensors(m, lambda t, base=base: _view_of(base, t, device)))
+            outs.append(map_tensors(m, lambda t, base=base: device_view(base, t, t.storage_offset(), device,
+                                                                        base.is_conj(), base.is_neg())))
         else:
             real = call.value(ret.arg)
             for r, mm in ((real, m),) if isinstance(real, torch.Tensor) else zip(real, m):
@@ -36,12 +37,16 @@ def outputs(call: Any) -> list:
     return outs
 
 
-def _view_of(base: torch.Tensor, m: torch.Tensor, device: torch.device) -> torch.Tensor:
-    view = torch.empty(0, dtype=m.dtype, device=device).set_(base.untyped_storage(), m.storage_offset(), m.size(),
-                                                            m.stride())
-    if base.is_conj() and view.is_complex():  # a view of a lazily conjugated/negated tensor is one too
+def device_view(base: torch.Tensor, like: torch.Tensor, offset: int, device: torch.device, conj: bool,
+                neg: bool) -> torch.Tensor:
+    """A view of openreg ``base``'s storage with ``like``'s dtype, sizes and strides at ``offset``, and the lazy
+    conjugate/negative bits ``conj``/``neg``: the one builder of the views an operator returns (from the meta
+    run's metadata, or from a view the CPU kernel returned of a host view)."""
+    view = torch.empty(0, dtype=like.dtype, device=device).set_(base.untyped_storage(), offset, like.size(),
+                                                               like.stride())
+    if conj and view.is_complex():  # a view of a lazily conjugated/negated tensor is one too
         view = view.conj()
-    return torch._neg_view(view) if base.is_neg() else view
+    return torch._neg_view(view) if neg else view
 
 
 def fit_to(real: torch.Tensor, m: torch.Tensor) -> bool:
