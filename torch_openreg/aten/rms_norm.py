@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import torch
 
-import openreg
 from torch_openreg.timing import costs as timing_costs
 
 from .launch import host_views, launch
@@ -34,10 +33,10 @@ def fused_rms_norm(input: torch.Tensor, normalized_shape, weight=None, eps=None)
     out, rstd = (torch.empty_strided(m.shape, m.stride(), dtype=m.dtype, device=input.device)
                  for m in (out_meta, rstd_meta))
     tensors = [t for t in (out, rstd, input, weight) if t is not None]
-    if openreg.timing.pricing:  # one normalization, as CUDA's kernel (torch_openreg/timing)
-        timing_costs.price_op(_FORWARD, (input, normalized_shape, weight, eps), {})
+    # priced (only while the timing model prices launches) as one normalization, as CUDA's kernel
     launch(input.device.index, _forward_kernel, *host_views(out, rstd, input, weight), list(normalized_shape), eps,
-           tensors=tensors, writes=(out, rstd), name=timing_costs.launch_name(_FORWARD))
+           tensors=tensors, writes=(out, rstd), name=timing_costs.launch_name(_FORWARD),
+           cost=timing_costs.price_op, cost_args=(_FORWARD, (input, normalized_shape, weight, eps), {}))
     return out, rstd
 
 
@@ -57,10 +56,10 @@ def fused_rms_norm_backward(grad_out: torch.Tensor, input: torch.Tensor, normali
     reads = [t for t in (grad_out, input, rstd, weight) if t is not None]
     written = [t for t, wanted in ((grad_input, want_input), (grad_weight, want_weight)) if wanted]
     name = "aten::_fused_rms_norm_backward"
-    if openreg.timing.pricing:  # two passes, as the normalization backwards (torch_openreg/timing)
-        timing_costs.price_norm_backward(name, reads, written)
+    # priced as two passes, as the normalization backwards (torch_openreg/timing)
     launch(input.device.index, _backward_kernel, *host_views(grad_input, grad_weight, grad_out, input, rstd, weight),
-           len(normalized_shape), want_input, want_weight, tensors=[*written, *reads], writes=written, name=name)
+           len(normalized_shape), want_input, want_weight, tensors=[*written, *reads], writes=written, name=name,
+           cost=timing_costs.price_norm_backward, cost_args=(name, reads, written))
     return grad_input, grad_weight
 
 
