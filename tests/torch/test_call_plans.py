@@ -433,3 +433,14 @@ def test_a_plan_whose_cpu_kernel_restrides_its_output_stays_checked(fallback_fas
         a = torch.randn(3, 11, dtype=torch.float64)
         torch.testing.assert_close((a.to(DEV) * 3).cpu(), a * 3)
     assert any(p.clean for p in _plans("aten::mul.Tensor"))
+
+
+def test_a_number_in_a_tensor_position_keeps_its_own_value_and_sign(fallback_fast, no_leak):
+    """``x * 0.0`` then ``x * -0.0`` share a call shape (-0.0 == 0.0, one class); the plan wraps each call's number
+    unless it is exactly the first call's, sign of zero included: the results' signed zeros are the CPU's."""
+    x = torch.tensor([1.0, -2.0, 3.0, -4.0, 5.0, -6.0, 7.0])  # a size no other test multiplies by zero
+    dx = x.to(DEV)
+    for factor in (0.0, -0.0, 0.0, -0.0, 2.5, -0.0):
+        got, expected = (dx * factor).cpu(), x * factor
+        torch.testing.assert_close(got, expected)
+        assert torch.equal(torch.signbit(got), torch.signbit(expected)), factor

@@ -11,6 +11,7 @@ launch names) and runs the plan: no meta run, no walk over the arguments in Pyth
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -39,9 +40,11 @@ class Plan:
     def __init__(self, call: Call, wrapped: tuple) -> None:
         self.op, self.traits, self.index = call.op, call.traits, call.device.index
         self.wrapped = wrapped  # (position, 0-dim tensor) of the numbers passed for Tensor arguments
-        # The call shape has those numbers' classes, not their values: each call wraps its own (its dtype is
-        # the first call's, which depends on the number's type alone).
-        self.rewrap = call.traits.numbers == NUMBER_CLASS
+        # The call shape has those numbers' classes, not their values: a call with another number wraps its own
+        # (in the first call's dtype, which depends on the number's type alone); the first call's numbers, sign
+        # of zero included (-0.0 == 0.0), keep their tensors: a loop's constant factor costs no wrap.
+        self.rewrap = tuple(_exactly(call.given_value(i)) for i, _ in wrapped) \
+            if call.traits.numbers == NUMBER_CLASS else None
         self.cacheable = True  # whether a later call with the same call shape may run this plan as it is
         self.clean = False  # its out= kernel has run and kept the outputs' shapes and strides (OutKernel)
 
@@ -49,14 +52,22 @@ class Plan:
         """Allocate the outputs, launch the kernel (at the call when ``check``), return the outputs."""
         if self.wrapped:
             host_args = list(host_args)
-            for i, number in self.wrapped:
+            for n, (i, number) in enumerate(self.wrapped):
                 value = host_args[i]
-                host_args[i] = number if not self.rewrap or isinstance(value, torch.Tensor) else \
-                    torch.tensor(value, dtype=number.dtype)
+                if self.rewrap is not None and not isinstance(value, torch.Tensor) and \
+                        _exactly(value) != self.rewrap[n]:
+                    number = torch.tensor(value, dtype=number.dtype)
+                host_args[i] = number
         outs, kernel = self.prepare(host_args, host_kwargs, extents, args, kwargs)
         launch_extents(self.index, kernel, extents=extents, name=self.traits.name, sync=check,
                        writes=written_extents(written_by, self.traits, args, kwargs, outs))
         return as_return(outs)
+
+
+def _exactly(number: Any) -> tuple:
+    """A number as a call wrapped it: its type, its value and its sign (``-0.0 == 0.0``); NaN never matches."""
+    return (type(number), number, math.copysign(1.0, number.real) if isinstance(number, complex)
+            else math.copysign(1.0, number))
 
 
 class ThroughOutOverload(Plan):
