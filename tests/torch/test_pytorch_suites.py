@@ -656,3 +656,21 @@ def test_a_view_the_cpu_kernel_returns_keeps_its_lazy_bits(bits):
     assert (view.is_conj(), view.is_neg()) == (expected.is_conj(), expected.is_neg())
     assert view.untyped_storage().data_ptr() == base.untyped_storage().data_ptr()
     torch.testing.assert_close(view.cpu(), expected.resolve_conj().resolve_neg())
+
+
+# test_binary_ufuncs test_divmul_scalar: a Python number the fallback wraps into a 0-dim tensor was cast to the
+# tensor's dtype where a full-width 0-dim tensor would promote otherwise: 1e5 became float16's infinity, so a
+# float16 0-dim tensor divided by 1e5 gave 0 (the CPU: 0.001). It is marked as PyTorch marks a number's tensor.
+@pytest.mark.parametrize("call", [
+    lambda x: x.div(1e5), lambda x: x.mul(1e5), lambda x: 1e5 * x, lambda x: x * 0.7071, lambda x: x - 70000,
+    lambda x: (x > 0) + 1, lambda x: x.to(torch.int32) * 2.5, lambda x: x.to(torch.int8) + 1000,
+])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(), (5,)])
+def test_a_wrapped_number_computes_and_promotes_as_on_the_cpu(call, dtype, shape, no_leak):
+    x = (torch.arange(5.0).reshape(shape or (5,))[0] if not shape else torch.arange(5.0)) * 25 + 1e-5
+    x = x.to(dtype)
+    for _ in range(3):  # the checked first call and the planned ones
+        expected, got = call(x), call(x.to("openreg"))
+        assert got.dtype == expected.dtype
+        torch.testing.assert_close(got.cpu(), expected, atol=0, rtol=0)

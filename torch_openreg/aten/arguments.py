@@ -193,7 +193,7 @@ def wrap_numbers(traits: OpTraits, args: tuple, kwargs: dict) -> tuple[tuple, di
 
     ``t % 2`` reaches the fallback as ``remainder.Tensor_out(t, 2)``: PyTorch hands a boxed kernel
     a wrapped-number tensor as a plain number, and most operators refuse a number when called
-    again. The tensor gets the dtype the number takes in the operation, so promotion is unchanged.
+    again. The tensor is made as PyTorch makes it, so promotion and the kernels' arithmetic are unchanged.
     """
     numbers = [i for i in traits.tensor_args if isinstance(traits.value(args, kwargs, i), NUMBERS)]
     if not numbers:
@@ -202,20 +202,29 @@ def wrap_numbers(traits: OpTraits, args: tuple, kwargs: dict) -> tuple[tuple, di
     args, kwargs = list(args), dict(kwargs)
     for i in numbers:
         value = traits.value(args, kwargs, i)
-        # Kept at full width, as a wrapped number is: kernels read a CPU scalar operand in their
-        # computation type (float for bfloat16), so rounding it to the tensor's dtype first would
-        # change results (bfloat16 x * 0.7071). Cast only where a full-width 0-dim tensor would
-        # promote differently from a number (an integer tensor times 2.5 is float32, not float64).
-        wrapped = torch.tensor(value, dtype=_WIDE[type(value)])
+        # At full width and marked as PyTorch marks a number's tensor (at::native::wrapped_scalar_tensor): type
+        # promotion treats it as a number (a float16 tensor divided by 1e5 stays float16) and kernels read it in
+        # their computation type (float for bfloat16: x * 0.7071), never rounded to the tensor's dtype first
+        # (1e5 in float16 is infinity). Meta tensors cannot carry the mark (PyTorch's bindings turn a marked
+        # tensor back into a number, on the CPU only): its meta stand-in takes the dtype the number promotes to
+        # where a full-width 0-dim tensor would promote otherwise (an integer tensor times 2.5 is float32).
+        wrapped = wrapped_number(value)
         if ref is not None:
             want = torch.result_type(ref, value)
-            if torch.result_type(ref, wrapped) != want:
-                wrapped = wrapped.to(want)
+            if torch.result_type(ref, torch.tensor(value, dtype=wrapped.dtype)) != want:
+                wrapped._openreg_meta_dtype = want
         if i < len(args):
             args[i] = wrapped
         else:
             kwargs[traits.arguments[i].name] = wrapped
     return tuple(args), kwargs
+
+
+def wrapped_number(value: bool | int | float | complex, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """A Python number as the 0-dim CPU tensor PyTorch makes of it: full width (or ``dtype``), marked wrapped."""
+    if dtype is None:
+        dtype = next(wide for kind, wide in _WIDE.items() if isinstance(value, kind))  # bool before int
+    return _C._mark_wrapped_number(torch.tensor(value, dtype=dtype))
 # LITERALINCLUDE END: WRAP NUMBERS
 
 
@@ -247,8 +256,9 @@ def host_view_or_self(t: torch.Tensor) -> torch.Tensor:
 
 
 def host_view_or_snapshot(t: torch.Tensor) -> torch.Tensor:
-    """For a queued kernel: CPU scalars and indices are read now, as CUDA copies them at the call."""
-    return host_view(t) if t.get_device() >= 0 else t.clone()
+    """For a queued kernel: CPU scalars and indices are read now, as CUDA copies them at the call (a wrapped
+    number is the call's own: kept, with its mark)."""
+    return host_view(t) if t.get_device() >= 0 else t if _C._is_wrapped_number(t) else t.clone()
 
 
 def read_view_or_self(t: torch.Tensor) -> torch.Tensor:
@@ -258,7 +268,7 @@ def read_view_or_self(t: torch.Tensor) -> torch.Tensor:
 
 def read_view_or_snapshot(t: torch.Tensor) -> torch.Tensor:
     """:func:`host_view_or_snapshot` for an operator that writes no argument."""
-    return host_view(t, False) if t.get_device() >= 0 else t.clone()
+    return host_view(t, False) if t.get_device() >= 0 else t if _C._is_wrapped_number(t) else t.clone()
 
 
 def to_meta(t: torch.Tensor) -> torch.Tensor:
@@ -266,7 +276,9 @@ def to_meta(t: torch.Tensor) -> torch.Tensor:
     if t.get_device() < 0:
         # A 0-dim CPU tensor is a scalar operand: on meta it promotes the same way, and meta kernels
         # refuse to mix it with meta outputs (mul.out(cpu_scalar, x, out=y) would fail and run now).
-        return torch.empty((), dtype=t.dtype, device="meta") if t.dim() == 0 else t
+        if t.dim() == 0:
+            return torch.empty((), dtype=getattr(t, "_openreg_meta_dtype", t.dtype), device="meta")
+        return t
     numel = t.untyped_storage().nbytes() // t.element_size()
     return torch.empty(numel, dtype=t.dtype, device="meta").as_strided(t.size(), t.stride(), t.storage_offset())
 # LITERALINCLUDE END: SWAP ARGUMENTS

@@ -136,6 +136,17 @@ at::Tensor cpu_alias(const at::Tensor& t) {
 }
 // LITERALINCLUDE END: CPU ALIAS
 
+// LITERALINCLUDE START: WRAPPED NUMBER
+// PyTorch's own mark on the 0-dim tensor a Python number becomes (at::native::wrapped_scalar_tensor): type
+// promotion treats it as a number, whatever its dtype (a float16 tensor divided by 1e5 stays float16 and the
+// kernel reads 1e5 at full width). Python has no setter; the fallback wraps numbers it hands a CPU kernel.
+at::Tensor mark_wrapped_number(const at::Tensor& t, bool wrapped) {
+  TORCH_CHECK(t.dim() == 0, "a wrapped number is a 0-dim tensor, got ", t.dim(), " dimensions");
+  t.unsafeGetTensorImpl()->set_wrapped_number(wrapped);
+  return t;
+}
+// LITERALINCLUDE END: WRAPPED NUMBER
+
 // LITERALINCLUDE START: EXTENTS
 // (storage base, storage bytes) of each openreg tensor: what a launch names, so that the runtime opens
 // exactly those pages while the kernel runs. CPU scalars and indices are host memory: skipped.
@@ -177,6 +188,11 @@ PYBIND11_MODULE(_C, m) {
   openreg::register_serialization();
   m.def("_host_view", &openreg::host_view, "CPU tensor aliasing an openreg tensor's device memory", py::arg("t"),
         py::arg("writable") = true);
+  m.def("_mark_wrapped_number", &openreg::mark_wrapped_number,
+        "set (or clear) PyTorch's wrapped-number mark of a 0-dim tensor; returns it", py::arg("t"),
+        py::arg("wrapped") = true);
+  m.def("_is_wrapped_number", [](const at::Tensor& t) { return t.unsafeGetTensorImpl()->is_wrapped_number(); },
+        "whether a tensor is a Python number's wrapped tensor");
   m.def("_cpu_alias", &openreg::cpu_alias, "CPU tensor sharing a CPU tensor's storage, without its autograd state");
   m.def("_cpu_generator", &openreg::cpu_generator, "the CPU generator an openreg generator forwards to");
   m.def("_default_generator", [](c10::DeviceIndex index) { return openreg::default_generator(index); },

@@ -19,7 +19,7 @@ import torch
 from openreg import bounded
 from torch_openreg import _C
 
-from ..arguments import global_state, tensors_of
+from ..arguments import global_state, tensors_of, wrapped_number
 from ..call import Call, written_by
 from ..fallback import UNKNOWN, launch_copy
 from ..launch import detach_frames, launch_extents, written_extents
@@ -56,7 +56,7 @@ class Plan:
                 value = host_args[i]
                 if self.rewrap is not None and not isinstance(value, torch.Tensor) and \
                         _exactly(value) != self.rewrap[n]:
-                    number = torch.tensor(value, dtype=number.dtype)
+                    number = wrapped_number(value, number.dtype)
                 host_args[i] = number
         outs, kernel = self.prepare(host_args, host_kwargs, extents, args, kwargs)
         launch_extents(self.index, kernel, extents=extents, name=self.traits.name, sync=check,
