@@ -152,6 +152,10 @@ class _Queue:
                     hook(self, item, started)
         if item.spans:
             memory.release(item.spans)
+        # What the kernel held (a collective's tensors, a closure's) goes before the item is seen done: a host that
+        # synchronizes then finds the memory a freed tensor kept in use released, not released a moment later by
+        # whichever thread ran the item when it lets go of it.
+        item.fn = item.args = None
         with self.lock:
             self.busy = False
             self.done = item.seq
