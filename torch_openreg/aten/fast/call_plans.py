@@ -26,10 +26,14 @@ from ..launch import detach_frames, launch_extents, written_extents
 from ..outputs import as_return, fit_to, output_pairs
 from ..traits import NUMBER_CLASS, NUMBER_TYPE, Kind, OpTraits, traits_of
 from . import planned_launch
-from .out_overloads import FunctionalOutKernel, OutKernel, out_overload, reduces
+from .out_overloads import FunctionalOutKernel, OutKernel, copying_out_overload, out_overload, reduces
 from .served_outputs import ServedKernel, call_shape, install_allocator, served_kernel
 
 _NUMBERS = (bool, int, float, complex)
+# Outputs of at most this many bytes in all: a functional operator whose CPU out= overload is the generated
+# functional-then-copy one (dot, vdot, ...) runs it, into its outputs' host views, instead of having the
+# functional kernel's allocations served from device memory (served_outputs: ~8 us more per launch).
+SMALL_OUTPUTS = 4096
 
 
 # LITERALINCLUDE START: PLANS
@@ -177,11 +181,12 @@ class Served(Plan):
 class _OpPlans:
     """An operator's kind of plan and its plans by call shape."""
 
-    __slots__ = ("traits", "numbers", "placed", "kind", "out", "plans")
+    __slots__ = ("traits", "numbers", "placed", "kind", "out", "plans", "copying_out")
 
     def __init__(self, traits: OpTraits, kind: type[Plan], out: tuple | None) -> None:
         self.traits, self.kind, self.out, self.plans = traits, kind, out, _bound.new()
         self.numbers, self.placed = traits.numbers, traits.placed
+        self.copying_out = None  # a Served operator's functional-then-copy out= overload, for small outputs
 
 
 def _plans_of(op: torch._ops.OpOverload) -> _OpPlans | None:
@@ -200,6 +205,7 @@ def _plans_of(op: torch._ops.OpOverload) -> _OpPlans | None:
                 entry = _OpPlans(traits, GivenOut, None)
             elif traits.functional:
                 entry = _OpPlans(traits, Served, None)
+                entry.copying_out = copying_out_overload(op, traits)
             elif traits.mutates and not traits.out_args and all(r.kind is Kind.INPLACE for r in traits.returns):
                 entry = _OpPlans(traits, InPlace, None)
         _ops[op] = entry
@@ -275,8 +281,12 @@ def _plan(entry: _OpPlans, call: Call) -> Plan | None:
     if entry.kind is Served and any(m is not None and not isinstance(m, torch.Tensor) for m in metas) or \
             entry.kind is ThroughOutOverload and any(not isinstance(m, torch.Tensor) for m in metas):
         return None
+    kind, out = entry.kind, entry.out
+    if kind is Served and entry.copying_out is not None and all(isinstance(m, torch.Tensor) for m in metas) and \
+            sum(m.numel() * m.element_size() for m in metas) <= SMALL_OUTPUTS:
+        kind, out = ThroughOutOverload, entry.copying_out  # copying a few bytes costs less than serving them
     numbers = [i for i in traits.tensor_args if isinstance(call.given_value(i), _NUMBERS)]
-    plan = entry.kind(call, tuple((i, call.args[i]) for i in numbers if i < len(call.args)), metas, entry.out)
+    plan = kind(call, tuple((i, call.args[i]) for i in numbers if i < len(call.args)), metas, out)
     # Numbers passed for Tensor arguments: the call shape has their values (or classes: then each call wraps
     # its own), so their wrapped tensors are the plan's; not when it has their types only, or when they were
     # passed by keyword (not put back in place).
