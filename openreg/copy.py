@@ -216,4 +216,10 @@ def wait_to_load(stream: Stream) -> bool:
     if q.error is not None or q.done < q.launched or q.busy:
         stream.synchronize()
     return True
+
+
+def load_into(dst: int, src: int, nbytes: int) -> None:
+    """The load :func:`wait_to_load` allows: ``nbytes`` at device pointer ``src`` (a live tensor's, within its
+    allocation) copied by the caller, through the device's view, into host memory at ``dst``."""
+    ctypes.memmove(dst, memory.view_address(src), nbytes)
 # LITERALINCLUDE END: READ NOW
