@@ -606,3 +606,47 @@ def test_launch_site_of_a_tag_names_a_failed_kernel(asynchronous):
     expected = r"failing on openreg:0 stream \d+ failed: .*\(launched at train.py:12 in step\)"
     with pytest.raises(OpenRegError, match=expected):
         stream.synchronize()
+
+
+class _Context:
+    """A kernel context that counts, per thread, how many times it is entered and how deep it is."""
+
+    def __init__(self, log: list) -> None:
+        self.log, self.depth = log, 0
+
+    def __enter__(self) -> None:
+        self.depth += 1
+        self.log.append(("enter", threading.get_ident(), self.depth))
+
+    def __exit__(self, *exc: object) -> None:
+        self.log.append(("exit", threading.get_ident(), self.depth))
+        self.depth -= 1
+
+
+def test_a_waiting_host_runs_kernels_in_the_kernel_context_entered_once_per_wait(asynchronous, monkeypatch):
+    """The host enters its thread's context once for all the items a wait runs, not again for a wait inside a
+    kernel (a stream's wait for another stream's event, run by the host too), and leaves it after: the context
+    object is made once per thread and reused (making one cost as much as entering it)."""
+    log, made = [], []
+    monkeypatch.setattr(openreg.worker, "_kernel_context",
+                        lambda: made.append((threading.get_ident(), _Context(log))) or made[-1][1])
+    monkeypatch.setattr(openreg.worker, "_IDLE", 60.0)  # the workers leave the queues to the waiting host
+    first, second = openreg.Stream(), openreg.Stream()
+    inside = []
+    me = threading.get_ident()
+    second.launch(lambda: inside.append(1))
+    event = openreg.Event()
+    event.record(second)
+    first.launch(lambda: inside.append(2))
+    first.wait_event(event)  # a kernel that waits for `second`: this host runs `second`'s item inside it
+    first.launch(lambda: inside.append(3))
+    first.synchronize()
+    assert sorted(inside) == [1, 2, 3] and inside[-1] == 3
+    mine = [entry for entry in log if entry[1] == me]
+    assert mine == [("enter", me, 1), ("exit", me, 1)], log  # entered once, never nested
+    first.launch(inside.append, 4)
+    first.synchronize()
+    assert [entry for entry in log if entry[1] == me][2:] == [("enter", me, 1), ("exit", me, 1)]
+    assert [thread for thread, _ in made].count(me) == 1  # the same context, entered again
+    first.synchronize()  # nothing queued: nothing entered
+    assert len([entry for entry in log if entry[1] == me]) == 4
