@@ -103,7 +103,8 @@ class Stream:
         """
         start()
         q = self._q
-        self.refuse_in_capture(name)
+        if hooks.unrecordable:
+            self.refuse_in_capture(name)
         try:
             item = q.enqueue(fn, args, buffers, name, writes, threading.get_ident(), host_sync)
         except BaseException:
@@ -121,7 +122,8 @@ class Stream:
         if host_sync and hooks.host_waited:
             for hook in hooks.host_waited:
                 hook(q, item.seq)
-        self.check_error()
+        if q.error is not None:
+            report(q)
         ok, value = item.outcome
         if not ok:
             item.outcome = None
