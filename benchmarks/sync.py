@@ -212,11 +212,10 @@ def floors(repeat: int) -> list[list[str]]:
 
 
 def _kernel_scope() -> None:
-    """What a host thread that runs queued kernels enters once per synchronize (its thread's kernel context,
-    made once and entered again: ``openreg.worker``)."""
-    context = openreg.worker._enter_scope()
-    if context is not None:
-        openreg.worker._exit_scope(context)
+    """What a host thread that runs queued kernels enters once per synchronize (openreg.stream's kernel context)."""
+    scope = openreg.worker._kernel_context()
+    scope.__enter__()
+    scope.__exit__(None, None, None)
 # LITERALINCLUDE END: BENCH FLOORS
 
 

@@ -49,40 +49,9 @@ _kernel_context: Callable[[], contextlib.AbstractContextManager] = contextlib.nu
 
 
 def set_kernel_context(factory: Callable[[], contextlib.AbstractContextManager]) -> None:
-    """Make ``factory()`` the context kernels run in (one per thread that runs them)."""
+    """Make ``factory()`` the context kernels run in (a fresh one per thread that runs them)."""
     global _kernel_context
     _kernel_context = factory
-
-
-class _Scope(threading.local):
-    """This thread's kernel context, made once and entered again by each wait that runs queued work here (making
-    one costs as much as entering it); ``entered`` while it is: a wait inside a kernel (a stream's wait for another
-    stream's event, run by a worker or a host) runs the other queue's items in the kernel state already entered."""
-
-    context: contextlib.AbstractContextManager | None = None
-    factory: Callable[[], contextlib.AbstractContextManager] | None = None
-    entered = False
-
-
-_scope = _Scope()
-
-
-def _enter_scope() -> contextlib.AbstractContextManager | None:
-    """Enter this thread's kernel context unless it is in it already; what to exit after, or None."""
-    if _scope.entered:
-        return None
-    context = _scope.context
-    if context is None or _scope.factory is not _kernel_context:
-        context, _scope.factory = _kernel_context(), _kernel_context
-        _scope.context = context
-    context.__enter__()
-    _scope.entered = True
-    return context
-
-
-def _exit_scope(context: contextlib.AbstractContextManager) -> None:
-    _scope.entered = False
-    context.__exit__(None, None, None)
 # LITERALINCLUDE END: KERNEL CONTEXT
 
 
@@ -233,7 +202,8 @@ class _Queue:
             item = self._next(seq)
         if item is None:
             return
-        context = _enter_scope()  # the kernel context, entered once for all the items this host runs
+        context = _kernel_context()  # entered once for all the items this host runs
+        context.__enter__()
         try:
             while True:
                 self._execute(item)
@@ -246,8 +216,7 @@ class _Queue:
                 if item is None:
                     return
         finally:
-            if context is not None:
-                _exit_scope(context)
+            context.__exit__(None, None, None)
 
     def _next(self, seq: int) -> _Item | None:
         """With the lock held, for a host waiting for launch ``seq``: the next item for it to run (taken), or
@@ -258,7 +227,11 @@ class _Queue:
             if not self.busy and items:
                 owner = items[0].owner
                 if not owner or owner == (me or (me := threading.get_ident())):
-                    return self._take()  # (an item for run_here runs on the thread that asked for it)
+                    item = items.popleft()  # (_take, inline; an item for run_here runs on the thread that asked for it)
+                    self.busy = True
+                    if not items:
+                        self.hurried = False
+                    return item
             self._wait()
         return None
 
@@ -280,12 +253,8 @@ class _Queue:
     def serve(self) -> None:
         """The worker thread: run items in order until the stream is gone and drained, by the
         scheduling policy at the top of this module (``_IDLE``, ``_NAP_MAX``, ``_AWAKE``)."""
-        context = _enter_scope()
-        try:
+        with _kernel_context():
             self._serve()
-        finally:
-            if context is not None:
-                _exit_scope(context)
 
     def _serve(self) -> None:
         nap = _IDLE

@@ -624,29 +624,17 @@ class _Context:
 
 
 def test_a_waiting_host_runs_kernels_in_the_kernel_context_entered_once_per_wait(asynchronous, monkeypatch):
-    """The host enters its thread's context once for all the items a wait runs, not again for a wait inside a
-    kernel (a stream's wait for another stream's event, run by the host too), and leaves it after: the context
-    object is made once per thread and reused (making one cost as much as entering it)."""
-    log, made = [], []
-    monkeypatch.setattr(openreg.worker, "_kernel_context",
-                        lambda: made.append((threading.get_ident(), _Context(log))) or made[-1][1])
-    monkeypatch.setattr(openreg.worker, "_IDLE", 60.0)  # the workers leave the queues to the waiting host
-    first, second = openreg.Stream(), openreg.Stream()
-    inside = []
+    """The host enters the context once for all the items a wait runs (each item inside it), and leaves it after;
+    a wait with nothing queued enters nothing."""
+    log = []
+    monkeypatch.setattr(openreg.worker, "_kernel_context", lambda: _Context(log))
+    monkeypatch.setattr(openreg.worker, "_IDLE", 60.0)  # the worker leaves the queue to the waiting host
+    stream = openreg.Stream()
     me = threading.get_ident()
-    second.launch(lambda: inside.append(1))
-    event = openreg.Event()
-    event.record(second)
-    first.launch(lambda: inside.append(2))
-    first.wait_event(event)  # a kernel that waits for `second`: this host runs `second`'s item inside it
-    first.launch(lambda: inside.append(3))
-    first.synchronize()
-    assert sorted(inside) == [1, 2, 3] and inside[-1] == 3
-    mine = [entry for entry in log if entry[1] == me]
-    assert mine == [("enter", me, 1), ("exit", me, 1)], log  # entered once, never nested
-    first.launch(inside.append, 4)
-    first.synchronize()
-    assert [entry for entry in log if entry[1] == me][2:] == [("enter", me, 1), ("exit", me, 1)]
-    assert [thread for thread, _ in made].count(me) == 1  # the same context, entered again
-    first.synchronize()  # nothing queued: nothing entered
-    assert len([entry for entry in log if entry[1] == me]) == 4
+    for i in range(3):
+        stream.launch(lambda i=i: log.append(("ran", threading.get_ident(), i)))
+    stream.synchronize()
+    assert [entry for entry in log if entry[1] == me] == [
+        ("enter", me, 1), ("ran", me, 0), ("ran", me, 1), ("ran", me, 2), ("exit", me, 1)], log
+    stream.synchronize()  # nothing queued: nothing entered
+    assert len([entry for entry in log if entry[1] == me]) == 5
