@@ -74,7 +74,7 @@ def thread_times(repeat: int, number: int = 500) -> list[list[str]]:
         for fn in (dev[name], cpu[name]):
             for _ in range(number // 5):  # warm: call plans, allocator blocks, the per-thread kernel context
                 fn()
-        for _ in range(repeat):
+        for _ in range(max(repeat, 5)):
             for side, fn in (("openreg", dev[name]), ("cpu", cpu[name])):
                 start = time.thread_time_ns()
                 for _ in range(number):
