@@ -343,10 +343,10 @@ from torch_openreg import _C
 from torch_openreg.aten import arguments, fallback
 from torch_openreg.aten.traits import traits_of
 print(type(fallback._choices).__name__, _C._cpu_output_allocator_installed())
-x = torch.ones(2, 3, 8, 8, device="openreg")  # fill_ has a kernel of its own
+x = torch.ones(2, 3, 16, 16, device="openreg")  # fill_ has a kernel of its own
 y = x + 1  # an out= kernel: no served outputs
 print(_C._cpu_output_allocator_installed())
-y = torch.nn.functional.conv2d(x, torch.ones(4, 3, 3, 3, device="openreg"))  # a functional kernel
+y = torch.nn.functional.conv2d(x, torch.ones(4, 3, 3, 3, device="openreg"))  # a functional kernel, 6 KiB out
 torch.openreg.synchronize()
 print(_C._cpu_output_allocator_installed())
 """
@@ -444,3 +444,22 @@ def test_a_number_in_a_tensor_position_keeps_its_own_value_and_sign(fallback_fas
         got, expected = (dx * factor).cpu(), x * factor
         torch.testing.assert_close(got, expected)
         assert torch.equal(torch.signbit(got), torch.signbit(expected)), factor
+
+
+def _plan_kinds(op) -> set[str]:
+    entry = call_plans._ops.get(op)
+    return {type(p).__name__ for p in entry.plans.values()} if entry else set()
+
+
+def test_small_outputs_of_a_copying_out_overload_run_it_and_large_ones_are_served(fallback_fast):
+    # dot.out and native_layer_norm.out are PyTorch's generated functional-then-copy wrappers on the CPU
+    a, b = torch.randn(10, dtype=torch.complex64), torch.randn(10, dtype=torch.complex64)
+    for _ in range(3):  # conjugated inputs: the lazy bits travel with the host views
+        torch.testing.assert_close(torch.dot(a.to(DEV).conj(), b.to(DEV)).cpu(), torch.dot(a.conj(), b))
+    assert _plan_kinds(torch.ops.aten.dot.default) == {"ThroughOutOverload"}
+    for shape in ((4, 16), (64, 256)):  # 256 bytes of outputs, then 64 KiB
+        x = torch.randn(shape)
+        for _ in range(3):
+            torch.testing.assert_close(torch.nn.functional.layer_norm(x.to(DEV), shape[-1:]).cpu(),
+                                       torch.nn.functional.layer_norm(x, shape[-1:]))
+    assert _plan_kinds(torch.ops.aten.native_layer_norm.default) == {"ThroughOutOverload", "Served"}

@@ -419,7 +419,9 @@ def test_select_and_slice_backward_are_one_launch_and_check_at_the_call():
         torch.ops.aten.select_backward(grad, [4, 5, 6], 0, 4)
     with pytest.raises(RuntimeError, match="expanded size"):
         torch.ops.aten.select_backward(grad[:3], [4, 5, 6], 0, 1)
-    assert torch.openreg.memory_allocated() == baseline
+    # Nothing the failed calls allocated stays (an earlier test's tensor was seen let go of meanwhile in combined
+    # runs, so the count may end lower, never higher).
+    assert torch.openreg.memory_allocated() <= baseline
 
 
 def test_a_queued_launch_holds_few_objects_for_the_garbage_collector(asynchronous, monkeypatch):

@@ -5,6 +5,8 @@ module                    what it saves
 ========================  ====================================================================
 ``call_plans``            the general path for a call shape seen before: one bridge call
                           (``csrc/call_args.cpp``) describes the call, and its plan runs
+``planned_launch``        a clean plan's kernel Python: its calls launch in one bridge call
+                          (``csrc/planned_launch.cpp``; ``OPENREG_CPP_LAUNCH=0`` turns it off)
 ``meta_cache``            the meta run (20-200 us) for a call shape seen before
 ``out_overloads``         the copy of each output: a CPU ``out=`` kernel writes into device memory
 ``served_outputs``        the copy of each output of a functional CPU kernel: its allocations are

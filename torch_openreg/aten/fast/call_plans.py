@@ -25,17 +25,22 @@ from ..fallback import UNKNOWN, launch_copy
 from ..launch import detach_frames, launch_extents, written_extents
 from ..outputs import as_return, fit_to, output_pairs
 from ..traits import NUMBER_CLASS, NUMBER_TYPE, Kind, OpTraits, traits_of
-from .out_overloads import FunctionalOutKernel, OutKernel, out_overload, reduces
+from . import planned_launch
+from .out_overloads import FunctionalOutKernel, OutKernel, copying_out_overload, out_overload, reduces
 from .served_outputs import ServedKernel, call_shape, install_allocator, served_kernel
 
 _NUMBERS = (bool, int, float, complex)
+# Outputs of at most this many bytes in all: a functional operator whose CPU out= overload is the generated
+# functional-then-copy one (dot, vdot, ...) runs it, into its outputs' host views, instead of having the
+# functional kernel's allocations served from device memory (served_outputs: ~8 us more per launch).
+SMALL_OUTPUTS = 4096
 
 
 # LITERALINCLUDE START: PLANS
 class Plan:
     """How calls of one call shape run; a kind of plan per way of writing the outputs (the subclasses)."""
 
-    __slots__ = ("op", "traits", "index", "wrapped", "rewrap", "cacheable", "clean")
+    __slots__ = ("op", "traits", "index", "wrapped", "rewrap", "cacheable", "clean", "recipe")
 
     def __init__(self, call: Call, wrapped: tuple) -> None:
         self.op, self.traits, self.index = call.op, call.traits, call.device.index
@@ -47,21 +52,31 @@ class Plan:
             if call.traits.numbers == NUMBER_CLASS else None
         self.cacheable = True  # whether a later call with the same call shape may run this plan as it is
         self.clean = False  # its out= kernel has run and kept the outputs' shapes and strides (OutKernel)
+        self.recipe = None  # once clean: how its calls launch in one bridge call (planned_launch.py), or False
 
     def run(self, host_args, host_kwargs: dict, extents: list, args: tuple, kwargs: dict, check: bool) -> Any:
         """Allocate the outputs, launch the kernel (at the call when ``check``), return the outputs."""
         if self.wrapped:
-            host_args = list(host_args)
-            for n, (i, number) in enumerate(self.wrapped):
-                value = host_args[i]
-                if self.rewrap is not None and not isinstance(value, torch.Tensor) and \
-                        _exactly(value) != self.rewrap[n]:
-                    number = wrapped_number(value, number.dtype)
-                host_args[i] = number
+            host_args = self.with_numbers(host_args)
         outs, kernel = self.prepare(host_args, host_kwargs, extents, args, kwargs)
         launch_extents(self.index, kernel, extents=extents, name=self.traits.name, sync=check,
                        writes=written_extents(written_by, self.traits, args, kwargs, outs))
         return as_return(outs)
+
+    def with_numbers(self, host_args: tuple) -> tuple:
+        """The host arguments with the numbers passed for Tensor arguments wrapped (the plan's own tensors for
+        the first call's numbers)."""
+        host_args = list(host_args)
+        for n, (i, number) in enumerate(self.wrapped):
+            value = host_args[i]
+            if self.rewrap is not None and not isinstance(value, torch.Tensor) and _exactly(value) != self.rewrap[n]:
+                number = wrapped_number(value, number.dtype)
+            host_args[i] = number
+        return tuple(host_args)
+
+    def recipe_of(self) -> Any:
+        """How this plan's calls launch in one bridge call (``planned_launch.recipe``); False: not there."""
+        return False
 
 
 def _exactly(number: Any) -> tuple:
@@ -89,6 +104,9 @@ class ThroughOutOverload(Plan):
         return outs, FunctionalOutKernel(self.traits.name, self.op, self.out_op, host_args, host_kwargs,
                                          self.out_names, self.scratch, self)
 
+    def recipe_of(self) -> Any:
+        return planned_launch.recipe(self, self.out_op, list(zip(self.out_names, self.metas)))
+
 
 class GivenOut(Plan):
     """An ``out=`` overload called directly (as structured in-place operators arrive): it returns its
@@ -110,6 +128,9 @@ class GivenOut(Plan):
         return outs, OutKernel(self.traits.name, self.op, host_args, host_kwargs, self.traits.out_args, self.scratch,
                                self)
 
+    def recipe_of(self) -> Any:
+        return planned_launch.recipe(self, self.op, [])
+
 
 class InPlace(Plan):
     """An operator that writes its arguments in place (``_foreach_add_``, ``_foreach_mul_``) and returns them or
@@ -127,6 +148,9 @@ class InPlace(Plan):
     def prepare(self, host_args, host_kwargs, extents, args, kwargs) -> tuple[list, OutKernel]:
         outs = [self.traits.value(args, kwargs, ret.arg) for ret in self.traits.returns]
         return outs, OutKernel(self.traits.name, self.op, host_args, host_kwargs, (), False, self)
+
+    def recipe_of(self) -> Any:
+        return planned_launch.recipe(self, self.op, [])
 
 
 class Served(Plan):
@@ -157,11 +181,12 @@ class Served(Plan):
 class _OpPlans:
     """An operator's kind of plan and its plans by call shape."""
 
-    __slots__ = ("traits", "numbers", "placed", "kind", "out", "plans")
+    __slots__ = ("traits", "numbers", "placed", "kind", "out", "plans", "copying_out")
 
     def __init__(self, traits: OpTraits, kind: type[Plan], out: tuple | None) -> None:
         self.traits, self.kind, self.out, self.plans = traits, kind, out, _bound.new()
         self.numbers, self.placed = traits.numbers, traits.placed
+        self.copying_out = None  # a Served operator's functional-then-copy out= overload, for small outputs
 
 
 def _plans_of(op: torch._ops.OpOverload) -> _OpPlans | None:
@@ -180,6 +205,7 @@ def _plans_of(op: torch._ops.OpOverload) -> _OpPlans | None:
                 entry = _OpPlans(traits, GivenOut, None)
             elif traits.functional:
                 entry = _OpPlans(traits, Served, None)
+                entry.copying_out = copying_out_overload(op, traits)
             elif traits.mutates and not traits.out_args and all(r.kind is Kind.INPLACE for r in traits.returns):
                 entry = _OpPlans(traits, InPlace, None)
         _ops[op] = entry
@@ -219,6 +245,11 @@ def _run(plan: Plan, described: list, args: tuple, kwargs: dict, check: bool) ->
     runner that formats the frames' variables.
     """
     try:
+        recipe = plan.recipe
+        if recipe is None and plan.clean:  # its out= kernel has run clean: it may launch in one bridge call
+            recipe = plan.recipe = plan.recipe_of()
+        if recipe and not check:
+            return planned_launch.launch(plan, recipe, described, args, kwargs)
         return plan.run(described[1], described[2], described[3], args, kwargs, check)
     except Exception as exc:  # noqa: BLE001 - re-raised below, without the frames that hold the views
         error = exc
@@ -250,8 +281,12 @@ def _plan(entry: _OpPlans, call: Call) -> Plan | None:
     if entry.kind is Served and any(m is not None and not isinstance(m, torch.Tensor) for m in metas) or \
             entry.kind is ThroughOutOverload and any(not isinstance(m, torch.Tensor) for m in metas):
         return None
+    kind, out = entry.kind, entry.out
+    if kind is Served and entry.copying_out is not None and all(isinstance(m, torch.Tensor) for m in metas) and \
+            sum(m.numel() * m.element_size() for m in metas) <= SMALL_OUTPUTS:
+        kind, out = ThroughOutOverload, entry.copying_out  # copying a few bytes costs less than serving them
     numbers = [i for i in traits.tensor_args if isinstance(call.given_value(i), _NUMBERS)]
-    plan = entry.kind(call, tuple((i, call.args[i]) for i in numbers if i < len(call.args)), metas, entry.out)
+    plan = kind(call, tuple((i, call.args[i]) for i in numbers if i < len(call.args)), metas, out)
     # Numbers passed for Tensor arguments: the call shape has their values (or classes: then each call wraps
     # its own), so their wrapped tensors are the plan's; not when it has their types only, or when they were
     # passed by keyword (not put back in place).

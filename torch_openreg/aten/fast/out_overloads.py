@@ -19,6 +19,20 @@ from ..traits import OpTraits
 def out_overload(op: torch._ops.OpOverload, traits: OpTraits) -> tuple[torch._ops.OpOverload, tuple[str, ...]] | None:
     """The ``out=`` overload of a functional operator and the names of its ``out=`` arguments, if it has a
     real one (not PyTorch's generated functional-then-copy wrapper, which the functional kernel beats)."""
+    found = _out_overload(op, traits)
+    return None if found is None or _copies_after_all(found[0]) else found
+
+
+def copying_out_overload(op: torch._ops.OpOverload,
+                         traits: OpTraits) -> tuple[torch._ops.OpOverload, tuple[str, ...]] | None:
+    """The generated functional-then-copy ``out=`` overload of a functional operator, if that is what it has:
+    for small outputs (``dot``'s 0-dim result) its copy costs less than serving the functional kernel's
+    allocations from device memory."""
+    found = _out_overload(op, traits)
+    return found if found is not None and _copies_after_all(found[0]) else None
+
+
+def _out_overload(op: torch._ops.OpOverload, traits: OpTraits) -> tuple[torch._ops.OpOverload, tuple[str, ...]] | None:
     if not traits.functional:
         return None
     # The out= overload is usually "out" or "<overload>_out", but some are named after their
@@ -35,7 +49,7 @@ def out_overload(op: torch._ops.OpOverload, traits: OpTraits) -> tuple[torch._op
         names = tuple(a.name for a in out_args if a.kwarg_only and a.alias_info and a.alias_info.is_write)
         rest = [(a.name, str(a.type)) for a in out_args if a.name not in names]
         if names and rest == inputs and len(names) == len(traits.returns):
-            return None if _copies_after_all(out_op) or out_op.name() in _UNCHECKED else (out_op, names)
+            return None if out_op.name() in _UNCHECKED else (out_op, names)
     return None
 
 
