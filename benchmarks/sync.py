@@ -60,6 +60,33 @@ def measure_paths(repeat: int) -> list[list[str]]:
     return rows
 
 
+# LITERALINCLUDE START: BENCH THREAD TIME
+def thread_times(repeat: int, number: int = 500) -> list[list[str]]:
+    """The first three rows in the calling thread's CPU time (``time.thread_time_ns``), the best of ``repeat``
+    blocks of ``number`` calls, openreg's and the CPU's blocks alternating: what the host thread itself spends
+    per call. On a shared machine the best block is steadier than a wall-clock median (time the thread was not
+    running is not counted); a kernel the stream's worker ran would not be either, but in these rows the
+    waiting host runs them (the worker waits for the host's pause)."""
+    dev, cpu = paths("openreg"), paths("cpu")
+    rows = []
+    for name in list(TARGETS)[:3]:
+        best = {"openreg": float("inf"), "cpu": float("inf")}
+        for fn in (dev[name], cpu[name]):
+            for _ in range(number // 5):  # warm: call plans, allocator blocks, the per-thread kernel context
+                fn()
+        for _ in range(max(repeat, 5)):
+            for side, fn in (("openreg", dev[name]), ("cpu", cpu[name])):
+                start = time.thread_time_ns()
+                for _ in range(number):
+                    fn()
+                best[side] = min(best[side], (time.thread_time_ns() - start) / number / 1e3)
+        o, c = best["openreg"], best["cpu"]
+        rows.append([name, f"{o:.1f}", f"{c:.2f}", f"{o / c:.1f}", f"≤{TARGETS[name]:.0f}",
+                     "yes" if o <= TARGETS[name] else "no"])
+    return rows
+# LITERALINCLUDE END: BENCH THREAD TIME
+
+
 def _best(fn: Callable[[], object], repeat: int, number: int) -> float:
     """Median seconds per call (``number`` calls per sample, queued work drained between samples)."""
     return median_time(fn, repeat, number, after=sync)
@@ -298,6 +325,9 @@ def run(quick: bool, write: bool = False) -> str:
            "Median µs per call on 16 floats; the last row is per launch of 200 in a row (queue drained untimed).\n"]
     out.append(table(["path", "openreg (us)", "cpu (us)", "openreg / cpu", "target (us)", "met"],
                      measure_paths(repeat)))
+    out.append("\nThe same rows in the host thread's CPU time (best of blocks of 500 calls, µs per call):\n")
+    out.append(table(["path", "openreg (us)", "cpu (us)", "openreg / cpu", "target (us)", "met"],
+                     thread_times(repeat)))
     out.append("\nWhere one `a + b` (16 floats) and its synchronize spend their time (µs, medians):\n")
     out.append(table(["part", "us"], breakdown(repeat)))
     out.append("\nThe floors of the first two rows, part by part (µs, medians of single calls in a steady state):\n")

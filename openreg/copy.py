@@ -6,6 +6,7 @@ import ctypes
 import enum
 
 from . import hooks, memcheck, memory, timing
+from .device import forked, start
 from .errors import ErrorCode, OpenRegError
 from .stream import Stream, current_stream
 
@@ -210,10 +211,18 @@ def wait_to_load(stream: Stream) -> bool:
     (a launch hook: the stream sanitizer, memcheck, a profiler, timing) wants to see the transfer: then False,
     and the caller takes :func:`memcpy_dtoh_into`, which checks, records and refuses as those need. A
     ``.item()``, which PyTorch's test files call millions of times, then costs a wait and a load."""
+    if forked():
+        start()  # raises, as every runtime call in a forked child (an idle stream's wait would not ask)
     q = stream._q
     if q.capture is not None or hooks.any_registered():
         return False
     if q.error is not None or q.done < q.launched or q.busy:
         stream.synchronize()
     return True
+
+
+def load_into(dst: int, src: int, nbytes: int) -> None:
+    """The load :func:`wait_to_load` allows: ``nbytes`` at device pointer ``src`` (a live tensor's, within its
+    allocation) copied by the caller, through the device's view, into host memory at ``dst``."""
+    ctypes.memmove(dst, memory.view_address(src), nbytes)
 # LITERALINCLUDE END: READ NOW

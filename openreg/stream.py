@@ -103,7 +103,8 @@ class Stream:
         """
         start()
         q = self._q
-        self.refuse_in_capture(name)
+        if hooks.unrecordable:
+            self.refuse_in_capture(name)
         try:
             item = q.enqueue(fn, args, buffers, name, writes, threading.get_ident(), host_sync)
         except BaseException:
@@ -121,7 +122,8 @@ class Stream:
         if host_sync and hooks.host_waited:
             for hook in hooks.host_waited:
                 hook(q, item.seq)
-        self.check_error()
+        if q.error is not None:
+            report(q)
         ok, value = item.outcome
         if not ok:
             item.outcome = None
@@ -163,8 +165,14 @@ class Stream:
 
     def synchronize(self) -> None:
         """Wait for all work launched so far, then report a kernel error if one happened."""
-        self.wait_for(self._q.launched)
-        self.check_error()
+        q = self._q  # (wait_for and check_error, inline: every .item() and .cpu() passes here)
+        seq = q.launched
+        q.wait_for(seq)
+        if hooks.host_waited:
+            for hook in hooks.host_waited:
+                hook(q, seq)
+        if q.error is not None:
+            report(q)
 
     def check_error(self) -> None:
         """Raise (once) the error of a kernel that failed since the last report."""

@@ -16,8 +16,11 @@ from collections.abc import Callable
 from typing import Any
 
 from . import activity, hooks, memory, slots
+from .activity import running as _running
 from .device import forked, start
 from .errors import OpenRegError, launch_failure
+
+_clock = time.perf_counter_ns
 
 # LITERALINCLUDE START: STREAM SCHEDULING
 # Scheduling: when a stream's worker runs. The simulated device computes on the host's own cores, so
@@ -62,10 +65,10 @@ PRIORITY_HIGH = -3
 class _Item:
     __slots__ = ("fn", "args", "spans", "name", "seq", "owner", "outcome", "tag")
 
-    def __init__(self, fn: Callable[..., Any], args: tuple, spans: list, name: str, seq: int, tag: Any = None) -> None:
+    def __init__(self, fn: Callable[..., Any], args: tuple, spans: list, name: str, seq: int, owner: int = 0) -> None:
         self.fn, self.args, self.spans, self.name, self.seq = fn, args, spans, name, seq
-        self.tag = tag  # what the launch hook returned for it (see stream.set_launch_hook)
-        self.owner = 0  # for Stream.run_here: the thread that runs it (and gets its result); 0: anyone
+        self.tag = None  # what the launch hook returned for it (see stream.set_launch_hook)
+        self.owner = owner  # for Stream.run_here: the thread that runs it (and gets its result); 0: anyone
         self.outcome: tuple | None = None  # for Stream.run_here: (True, result) or (False, exception)
 
 
@@ -98,8 +101,7 @@ class _Queue:
         buffers, let the launch hooks check it (the sanitizer may refuse it), append it with the next sequence
         number, and see that someone will run it: the worker, started on the first launch and woken from a
         deep sleep; an item for ``run_here`` waits for its owner."""
-        item = _Item(fn, args, memory.acquire(buffers) if buffers else [], name, 0)
-        item.owner = owner
+        item = _Item(fn, args, memory.acquire(buffers) if buffers else [], name, 0, owner)
         if hooks.check:  # the stream sanitizer (a launch that races raises); the profiler's tag
             try:
                 for hook in hooks.check:
@@ -125,12 +127,22 @@ class _Queue:
 
     # LITERALINCLUDE START: STREAM RUN
     def run(self, item: _Item) -> None:
-        """Execute one item; keep the first error for the next sync. Its buffers are let go of once it has
-        run (frees waiting on them go through); the launch hooks see it start and end (memcheck opens its
-        buffers' views meanwhile, profilers observe it).
+        """Execute one item (the worker's; a waiting host runs them in :meth:`wait_for`), then mark it done."""
+        self._execute(item)
+        with self.lock:
+            self.busy = False
+            self.done = item.seq
+            if self.waiters:
+                self.cond.notify_all()
+
+    def _execute(self, item: _Item) -> None:
+        """Run one item; keep the first error for the next sync. Its buffers are let go of once it has run
+        (frees waiting on them go through); the launch hooks see it start and end (memcheck opens its buffers'
+        views meanwhile, profilers observe it). The caller marks it done, with the lock held.
         """
-        started = time.perf_counter_ns()
-        running, activity.running.kernel = activity.running.kernel, (item.name, self.device, self.id)
+        started = _clock()
+        running = _running.kernel
+        _running.kernel = (item.name, self.device, self.id)
         try:
             if hooks.running:
                 for hook in hooks.running:
@@ -145,8 +157,8 @@ class _Queue:
             else:
                 self.fail(item.name, exc, getattr(item.tag, "launch_site", None))
         finally:
-            activity.running.kernel = running  # (a kernel run inside another's wait restores the outer one)
-            activity.record(self.device, started, time.perf_counter_ns(), item.name)
+            _running.kernel = running  # (a kernel run inside another's wait restores the outer one)
+            activity.record(self.device, started, _clock(), item.name)
             if hooks.ran:
                 for hook in hooks.ran:
                     hook(self, item, started)
@@ -156,11 +168,6 @@ class _Queue:
         # synchronizes then finds the memory a freed tensor kept in use released, not released a moment later by
         # whichever thread ran the item when it lets go of it.
         item.fn = item.args = None
-        with self.lock:
-            self.busy = False
-            self.done = item.seq
-            if self.waiters:
-                self.cond.notify_all()
 
     def fail(self, name: str, exc: BaseException, site: str | None = None) -> None:
         """Keep the failure of kernel ``name`` for the next synchronizing call (the first one not yet reported)."""
@@ -188,32 +195,45 @@ class _Queue:
         if settle and hooks.host_wait:
             for hook in hooks.host_wait:
                 hook(self, seq, simulated)
-        scope = None  # the kernel context, entered once this host runs an item itself
+        if self.done >= seq:  # (``done`` only grows: a launch seen finished needs no lock)
+            return
         lock = self.lock  # the conditions' lock, taken directly: cheaper than entering a Condition
-        me = 0
+        with lock:
+            item = self._next(seq)
+        if item is None:
+            return
+        context = _kernel_context()  # entered once for all the items this host runs
+        context.__enter__()
         try:
             while True:
-                with lock:
-                    if self.done >= seq:
-                        return
-                    items = self.items
-                    if not self.busy and items:
-                        owner = items[0].owner
-                        if owner and owner != (me or (me := threading.get_ident())):
-                            owner = -1  # an item for run_here runs on the thread that asked for it
-                    else:
-                        owner = -1
-                    if owner == -1:
-                        self._wait()
-                        continue
-                    item = self._take()
-                if scope is None:
-                    scope = _kernel_context()
-                    scope.__enter__()
-                self.run(item)
+                self._execute(item)
+                with lock:  # one hold of the lock marks this item done and takes the next
+                    self.busy = False
+                    self.done = item.seq
+                    if self.waiters:
+                        self.cond.notify_all()
+                    item = self._next(seq)
+                if item is None:
+                    return
         finally:
-            if scope is not None:
-                scope.__exit__(None, None, None)
+            context.__exit__(None, None, None)
+
+    def _next(self, seq: int) -> _Item | None:
+        """With the lock held, for a host waiting for launch ``seq``: the next item for it to run (taken), or
+        None once ``seq`` has finished; meanwhile it waits while the worker (or another host) runs an item."""
+        me = 0
+        while self.done < seq:
+            items = self.items
+            if not self.busy and items:
+                owner = items[0].owner
+                if not owner or owner == (me or (me := threading.get_ident())):
+                    item = items.popleft()  # (_take, inline; an item for run_here runs on the thread that asked for it)
+                    self.busy = True
+                    if not items:
+                        self.hurried = False
+                    return item
+            self._wait()
+        return None
 
     def _wait(self) -> None:
         """Wait for an item to finish (with the lock held)."""

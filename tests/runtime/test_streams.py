@@ -606,3 +606,35 @@ def test_launch_site_of_a_tag_names_a_failed_kernel(asynchronous):
     expected = r"failing on openreg:0 stream \d+ failed: .*\(launched at train.py:12 in step\)"
     with pytest.raises(OpenRegError, match=expected):
         stream.synchronize()
+
+
+class _Context:
+    """A kernel context that counts, per thread, how many times it is entered and how deep it is."""
+
+    def __init__(self, log: list) -> None:
+        self.log, self.depth = log, 0
+
+    def __enter__(self) -> None:
+        self.depth += 1
+        self.log.append(("enter", threading.get_ident(), self.depth))
+
+    def __exit__(self, *exc: object) -> None:
+        self.log.append(("exit", threading.get_ident(), self.depth))
+        self.depth -= 1
+
+
+def test_a_waiting_host_runs_kernels_in_the_kernel_context_entered_once_per_wait(asynchronous, monkeypatch):
+    """The host enters the context once for all the items a wait runs (each item inside it), and leaves it after;
+    a wait with nothing queued enters nothing."""
+    log = []
+    monkeypatch.setattr(openreg.worker, "_kernel_context", lambda: _Context(log))
+    monkeypatch.setattr(openreg.worker, "_IDLE", 60.0)  # the worker leaves the queue to the waiting host
+    stream = openreg.Stream()
+    me = threading.get_ident()
+    for i in range(3):
+        stream.launch(lambda i=i: log.append(("ran", threading.get_ident(), i)))
+    stream.synchronize()
+    assert [entry for entry in log if entry[1] == me] == [
+        ("enter", me, 1), ("ran", me, 0), ("ran", me, 1), ("ran", me, 2), ("exit", me, 1)], log
+    stream.synchronize()  # nothing queued: nothing entered
+    assert len([entry for entry in log if entry[1] == me]) == 5

@@ -33,6 +33,7 @@ CHILD_CALLS = {
     "copy to device": "torch.ones(2).to('openreg')",
     "random": "torch.randn(2, device='openreg')",
     "item": "x.sum().item()",
+    "item of a ready tensor": "x[0].item()",  # (no launch: the read's wait itself refuses)
 }
 
 

@@ -105,3 +105,55 @@ def test_a_copy_between_views_of_the_same_elements_launches_nothing(launches, no
     c = torch.tensor([1 + 2j, 3 - 4j], device="openreg")
     c.copy_(c.conj())  # the same bytes, a conjugate bit apart: a copy
     torch.testing.assert_close(c.cpu(), torch.tensor([1 - 2j, 3 + 4j]))
+
+
+def test_a_small_read_waits_then_loads_unless_something_watches_the_transfer(monkeypatch, fallback_fast, asynchronous,
+                                                                              no_leak):
+    """``.cpu()`` of a small contiguous tensor, like ``.item()``: once the stream's earlier work is done (waited
+    for, its error raised), the copy engine's read is the caller's load; the stream sanitizer still sees the
+    engine's read (it checks the host's access against the other streams)."""
+    from openreg import sanitizer
+
+    reads = []
+    engine = openreg.memcpy_dtoh_into
+    monkeypatch.setattr(openreg, "memcpy_dtoh_into", lambda *a, **k: reads.append(a) or engine(*a, **k))
+    x = torch.arange(12.0).reshape(3, 4)
+    with sanitizer.sanitizing(False):
+        if openreg.hooks.any_registered():
+            pytest.skip("a debugging feature on the launch path (OPENREG_MEMCHECK) sees every read")
+        d = x.to("openreg")
+        torch.testing.assert_close((d * 2).cpu(), x * 2, rtol=0, atol=0)  # waited for the kernel, then loaded
+        torch.testing.assert_close(d[1].cpu(), x[1], rtol=0, atol=0)
+        assert reads == []
+        stream = openreg.current_stream(0)
+        stream.launch(lambda: 1 / 0, name="failing")
+        with pytest.raises(Exception, match="failing"):  # the wait reports the kernel's error, once
+            d.cpu()
+        torch.testing.assert_close(d.cpu(), x, rtol=0, atol=0)
+    with sanitizer.sanitizing(True):
+        torch.testing.assert_close(d.cpu(), x, rtol=0, atol=0)
+        assert len(reads) == 1  # the engine's read, which the sanitizer checks
+
+
+@pytest.mark.parametrize("dtype, values", [
+    (torch.float32, [float("nan"), -0.0, float("inf"), 1e-45, 3.4e38, 0.1]),
+    (torch.float64, [float("-inf"), -0.0, 5e-324, 0.1]),
+    (torch.int64, [-(2 ** 63), 2 ** 63 - 1, -1]),
+    (torch.int32, [-(2 ** 31), 2 ** 31 - 1]),
+    (torch.int16, [-(2 ** 15), 2 ** 15 - 1]),
+    (torch.int8, [-128, 127]),
+    (torch.uint8, [0, 255]),
+    (torch.bool, [True, False]),
+])
+def test_item_loads_each_plain_type_as_the_cpu_reads_it(dtype, values, no_leak):
+    """``.item()`` of a ready value of a plain C type is read with ctypes through the device's view: the same
+    Python value, of the same Python type, as the CPU's ``.item()`` (sign of zero, NaN, extremes)."""
+    x = torch.tensor(values, dtype=dtype)
+    d = x.to("openreg")
+    torch.openreg.synchronize()
+    for i in range(len(values)):
+        got, want = d[i].item(), x[i].item()
+        assert type(got) is type(want)
+        assert got == want or (got != got and want != want), (got, want)
+        if isinstance(want, float):
+            assert str(got) == str(want)  # -0.0 stays -0.0

@@ -8,11 +8,13 @@ from pageable host memory waits for itself (as ``cudaMemcpy`` does), while a
 
 from __future__ import annotations
 
+import ctypes
 import threading
 
 import torch
 
 import openreg
+from openreg.copy import load_into
 from torch_openreg import _C, sync_debug
 from torch_openreg.memory import host_allocator, owner
 from torch_openreg.timing import costs as timing_costs
@@ -161,6 +163,7 @@ def _kernel_copy(src: torch.Tensor, dst: torch.Tensor, to_device: bool) -> tuple
 
 
 # LITERALINCLUDE START: ENGINE COPIES
+_LOAD = openreg.settings.FALLBACK_FAST  # a ready tensor's read as a load is an acceleration: off, the engine reads
 ENGINE_MAX = 1 << 20  # larger copies open the pages and copy on the host: ``mprotect`` is cheap next to them
 
 
@@ -197,21 +200,33 @@ def _same_bytes(src: torch.Tensor, dst: torch.Tensor) -> int:
     """The byte count when ``dst`` takes ``src``'s bytes as they are and the copy engine applies: one
     contiguous block each, of the same dtype and shape, without lazy conjugate or negative bits, neither
     quantized, at most ``ENGINE_MAX`` bytes (``.cpu()`` of a contiguous tensor, ``.item()``); else 0.
-    Every synchronous read asks this first: the checks are ordered to fail early and cost few calls."""
-    if (openreg.timing.active or src.dtype != dst.dtype or not src.is_contiguous() or not dst.is_contiguous()
-            or src.layout != torch.strided or src.is_quantized or dst.is_quantized or src.shape != dst.shape
-            or src.is_conj() or src.is_neg() or dst.is_conj() or dst.is_neg()):
+    Every synchronous read asks this first: the checks are ordered to fail early and cost few calls (dtypes
+    and layouts are singletons; only a complex tensor can carry the conjugate bit, and one dtype is quantized
+    for both sides or neither)."""
+    dtype = src.dtype
+    if (dtype is not dst.dtype or _timing.active or dtype in _QUANTIZED or src.layout is not _STRIDED
+            or not src.is_contiguous() or not dst.is_contiguous() or src.shape != dst.shape
+            or src.is_neg() or dst.is_neg() or (dtype.is_complex and (src.is_conj() or dst.is_conj()))):
         return 0
     nbytes = src.numel() * src.element_size()
     return nbytes if nbytes <= ENGINE_MAX else 0
 
 
+_timing = openreg.timing
+_STRIDED = torch.strided
+_QUANTIZED = frozenset({torch.quint8, torch.qint8, torch.qint32, torch.quint4x2, torch.quint2x4})
+
+
 def _engine_dtoh(src: torch.Tensor, dst: torch.Tensor, name: str = "copy") -> bool:
     """A small device-to-host copy through the copy engine: no kernel, no page opened to the host. Where
-    ``dst`` takes the bytes as they are, the engine reads straight into it."""
+    ``dst`` takes the bytes as they are, the engine reads straight into it, and once the stream is done and
+    nothing watches transfers (:func:`openreg.wait_to_load`), the read is the caller's load, as ``.item()``'s."""
     nbytes = _same_bytes(src, dst)
     if nbytes:
         stream = openreg.current_stream(src.get_device())
+        if _LOAD and openreg.wait_to_load(stream):
+            load_into(dst.data_ptr(), src.data_ptr(), nbytes)
+            return True
         return openreg.memcpy_dtoh_into(dst.data_ptr(), src.data_ptr(), nbytes, stream, name, about=src)
     host = _read(src, name)
     if host is None:
@@ -281,22 +296,31 @@ def _read_scalar(t: torch.Tensor) -> int | float | bool | complex | None:
     return value
 
 
-_LOAD = openreg.settings.FALLBACK_FAST  # the ready tensor's load below is an acceleration: off, the engine reads
-
-
 # LITERALINCLUDE START: LOCAL SCALAR DENSE
 def local_scalar_dense(t: torch.Tensor) -> int | float | bool | complex:
     """``aten::_local_scalar_dense`` (``.item()``): waits for the current stream, reads one value (through
     the copy engine where it applies, else as a kernel run here)."""
     if sync_debug.mode:
         sync_debug.check("aten::_local_scalar_dense (.item())")
-    if openreg.timing.pricing:
+    if _timing.pricing:
         timing_costs.price_item(t)
-    elif (_LOAD and t.numel() == 1 and not (t.is_conj() or t.is_neg() or t.is_quantized)
+    elif (_LOAD and t.numel() == 1 and not (t.is_neg() or t.is_conj() or t.is_quantized)
           and openreg.wait_to_load(openreg.current_stream(t.get_device()))):
-        return _C._host_view(t).item()  # the stream is done: the copy engine's read is this load
+        # the stream is done: the copy engine's read is this load, of a plain C type straight from the device's
+        # view (the other dtypes through the bridge's host view)
+        load = _LOADS.get(t.dtype)
+        if load is not None:
+            return load(openreg.view_address(t.data_ptr())).value
+        return _C._host_view(t).item()
     value = _read_scalar(t)
     if value is not None:
         return value
     return run_sync(t.device.index, lambda v: v.item(), host_view(t), tensors=(t,), writes=(), name="item")
+
+
+# The dtypes whose value ctypes reads as ``.item()`` gives it (a Python float from float32 is exact).
+_LOADS = {dtype: ctype.from_address for dtype, ctype in (
+    (torch.float32, ctypes.c_float), (torch.float64, ctypes.c_double), (torch.int64, ctypes.c_int64),
+    (torch.int32, ctypes.c_int32), (torch.int16, ctypes.c_int16), (torch.int8, ctypes.c_int8),
+    (torch.uint8, ctypes.c_uint8), (torch.bool, ctypes.c_bool))}
 # LITERALINCLUDE END: LOCAL SCALAR DENSE
