@@ -1,7 +1,8 @@
 """A representative slice of the OpInfo conformance run (docs/conformance.md has the whole one).
 
 About forty operators of every family the fallback must get right, their first samples in float32,
-openreg against the CPU, outputs and gradients: no failure and no error is allowed.
+openreg against the CPU, outputs and gradients: no failure and no error is allowed. Each sample runs three
+times on openreg: the second call of a call shape runs its plan, the third launches from the bridge.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ REPRESENTATIVE = [
 
 @pytest.fixture(scope="module")
 def results():
-    return run(REPRESENTATIVE, dtypes=(torch.float32,), limit=2, timeout=30.0)
+    return run(REPRESENTATIVE, dtypes=(torch.float32,), limit=2, timeout=30.0, repeat=3)
 
 
 def test_representative_ops_match_the_cpu(results) -> None:
@@ -74,6 +75,29 @@ def test_gradients_are_compared(results) -> None:
 
     status, message = run_sample(FakeOp(), sample, torch.float32, check_grad=True)
     assert status == FAIL and "gradient" in message
+
+
+def test_a_later_call_that_differs_is_a_failure() -> None:
+    """With ``repeat``, every call of the sample on openreg is compared: a plan that computes something else on
+    a later call of the same call shape fails."""
+    from torch_openreg.testing.opinfo import run_sample
+
+    class SecondCallWrong:
+        name, variant_test_name, op = "second_call_wrong", "", None
+        calls = 0
+
+        def __call__(self, x, *args, **kwargs):
+            if x.device.type == "cpu":
+                return x * 2
+            self.calls += 1
+            return x * 2 if self.calls < 3 else x * 2 + 1  # the third call on openreg goes wrong
+
+    from torch.testing._internal.opinfo.core import SampleInput
+
+    sample = SampleInput(torch.ones(3, device="openreg"))
+    assert run_sample(SecondCallWrong(), sample, torch.float32, check_grad=False) == (PASS, "")
+    status, message = run_sample(SecondCallWrong(), sample, torch.float32, check_grad=False, repeat=3)
+    assert status == FAIL and "call 3" in message
 
 
 def test_the_runner_expects_outputs_where_the_sample_puts_them() -> None:

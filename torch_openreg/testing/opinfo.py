@@ -274,8 +274,10 @@ def _grads(loss: torch.Tensor | None, sample) -> tuple | None:
     return torch.autograd.grad(loss, inputs, allow_unused=True)
 
 
-def run_sample(op, sample, dtype: torch.dtype, check_grad: bool, seed: int = 0) -> tuple[str, str]:
-    """Run one sample (made on openreg) on openreg and on a CPU copy; returns (status, message)."""
+def run_sample(op, sample, dtype: torch.dtype, check_grad: bool, seed: int = 0, repeat: int = 1) -> tuple[str, str]:
+    """Run one sample (made on openreg) on openreg and on a CPU copy; returns (status, message). ``repeat``: the
+    openreg side runs that many times, each compared (the later calls of a call shape run its plan, and from
+    the third on a clean plan launches from the bridge); not for operators that write their inputs."""
     try:
         cpu_sample = _cpu_sample(sample, op.name)  # before anything runs: in-place operators change their inputs
         expected = _run(op, cpu_sample, seed)
@@ -288,6 +290,13 @@ def run_sample(op, sample, dtype: torch.dtype, check_grad: bool, seed: int = 0) 
         got = _run(op, sample, seed)
         torch.openreg.synchronize()
         _compare(op, got, expected, sample)
+        for call in range(2, repeat + 1 if not _writes_inputs(op) else 0):
+            again = _run(op, sample, seed)
+            torch.openreg.synchronize()
+            try:
+                _compare(op, again, expected, sample)
+            except AssertionError as exc:
+                raise AssertionError(f"call {call} of the same call shape: {first_line(exc)}") from None
         if expected_grads is not None and not _statistical(op, sample):  # random draws: values differ, so do gradients
             grads = _grads(_grad_sum(got, sample.output_process_fn_grad), sample)
             if grads is None:
@@ -310,9 +319,14 @@ def run_sample(op, sample, dtype: torch.dtype, check_grad: bool, seed: int = 0) 
     return PASS, ""
 
 
+def _writes_inputs(op) -> bool:
+    """Whether the OpInfo's own call writes its inputs (an in-place operator): a repeat would not compute the same."""
+    return op.name.endswith("_") or getattr(getattr(op, "op", None), "__name__", "").endswith("_")
+
+
 # LITERALINCLUDE START: RUN OP
 def run_op(op, dtype: torch.dtype, limit: int | None = None, timeout: float = 30.0,
-           layout: str = "strided") -> Result:
+           layout: str = "strided", repeat: int = 1) -> Result:
     """Every sample (or the first ``limit``) of one OpInfo in one dtype and layout, openreg against the CPU."""
     name, dname = op_name(op), str(dtype).removeprefix("torch.")
     start = time.perf_counter()
@@ -342,7 +356,7 @@ def run_op(op, dtype: torch.dtype, limit: int | None = None, timeout: float = 30
     for sample in samples[:limit] if limit else samples:
         try:
             with _deadline(timeout):
-                status, message = run_sample(op, sample, dtype, check_grad)
+                status, message = run_sample(op, sample, dtype, check_grad, repeat=repeat)
         except SampleTimeout as exc:
             status, message = ERROR, first_line(exc)
             with contextlib.suppress(Exception):
@@ -380,13 +394,13 @@ def select_ops(names: Iterable[str] | None = None, exact: bool = False) -> list:
 
 def run(ops: Iterable[str] | None = None, dtypes: Iterable[torch.dtype] = (torch.float32,),
         limit: int | None = None, timeout: float = 30.0, progress=None,
-        layouts: Iterable[str] = ("strided",)) -> list[Result]:
+        layouts: Iterable[str] = ("strided",), repeat: int = 1) -> list[Result]:
     """Run in this process (no crash isolation); ``progress(result)`` is called after each operator."""
     results = []
     for op in select_ops(ops):
         for dtype in dtypes:
             for layout in layouts:
-                r = run_op(op, dtype, limit, timeout, layout)
+                r = run_op(op, dtype, limit, timeout, layout, repeat)
                 results.append(r)
                 if progress:
                     progress(r)
@@ -458,7 +472,7 @@ def _worker(args) -> None:
         print(json.dumps({"start": op_name(op)}), flush=True)
         for dtype in dtypes:
             for layout in args.layouts.split(","):
-                r = run_op(op, dtype, args.limit, args.timeout, layout)
+                r = run_op(op, dtype, args.limit, args.timeout, layout, args.repeat)
                 print(json.dumps(dataclasses.asdict(r)), flush=True)
 
 
@@ -479,6 +493,8 @@ def _supervise(ops: list[str], args, log) -> list[Result]:
                "--dtypes", args.dtypes, "--layouts", args.layouts, "--timeout", str(args.timeout)]
         if args.limit:
             cmd += ["--limit", str(args.limit)]
+        if args.repeat > 1:
+            cmd += ["--repeat", str(args.repeat)]
         stderr = tempfile.TemporaryFile(mode="w+")
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=stderr, text=True)
         current, done = None, []
@@ -538,6 +554,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="comma-separated sample layouts (LAYOUTS: strided, sparse_coo, sparse_csr, ...) or 'all'")
     parser.add_argument("--limit", type=int, default=None, help="at most N sample inputs per operator and dtype")
     parser.add_argument("--timeout", type=float, default=30.0, help="seconds allowed per sample")
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="run each sample N times on openreg, each compared (N >= 3 reaches the launch of clean "
+                             "call plans from the bridge); not for operators that write their inputs")
     parser.add_argument("--output", default=None, help="write the markdown report here (e.g. docs/conformance.md)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
