@@ -674,3 +674,77 @@ def test_a_wrapped_number_computes_and_promotes_as_on_the_cpu(call, dtype, shape
         expected, got = call(x), call(x.to("openreg"))
         assert got.dtype == expected.dtype
         torch.testing.assert_close(got.cpu(), expected, atol=0, rtol=0)
+
+
+# The suites runner's --same-work: test_optim gives openreg foreach=True configurations the CPU does not get (and the
+# CPU fused=True ones openreg does not), so the literal time ratio compares different work. same_work.py, loaded in
+# one extra CPU subprocess, gives the CPU openreg's choices; import torch_openreg never loads it.
+def test_the_same_work_plugin_gives_the_cpu_openregs_choices(run_python):
+    code = """
+import torch, torch_openreg
+from torch.optim.optimizer import _default_to_fused_or_foreach
+from torch.testing._internal import common_methods_invocations as cmi
+from torch.testing._internal.common_optimizers import _get_optim_inputs_including_global_cliquey_kwargs as inputs
+from torch.testing._internal.common_optimizers import optim_db
+
+def configurations(device):
+    return {info.optim_cls.__name__: [sorted(i.kwargs.items(), key=str) for i in inputs(device, torch.float32, info)]
+            for info in optim_db}
+
+def foreach_samples(device):
+    add = next(op for op in cmi.foreach_binary_op_db if op.name == "_foreach_add")
+    return len(list(add.sample_inputs(device, torch.float32)))
+
+param = [torch.zeros(2, requires_grad=True)]
+before = (configurations("cpu"), _default_to_fused_or_foreach(param, False), foreach_samples("cpu"))
+assert before[0] != configurations("openreg") and before[1] == (False, False)
+assert before[2] < foreach_samples("openreg")
+from torch_openreg.testing import same_work
+assert configurations("cpu") == configurations("openreg")
+assert len(configurations("cpu")["Adadelta"]) > len(before[0]["Adadelta"])  # foreach=True added
+assert not any(dict(kw).get("fused") for kw in configurations("cpu")["Adam"])  # fused=True gone, as on openreg
+assert _default_to_fused_or_foreach(param, False) == (False, True)  # torch.optim's default: foreach, as on openreg
+assert foreach_samples("cpu") == foreach_samples("openreg")
+print(same_work.install())  # a second install changes nothing
+"""
+    done = run_python(code, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip() == "[]"
+
+
+def test_the_suites_runner_compares_with_the_cpu_doing_openregs_work(tmp_path, monkeypatch):
+    """--same-work runs the CPU side a second time with same_work.py and prints that ratio beside the literal one;
+    the openreg-only failures stay the plain CPU run's."""
+    from torch_openreg.testing import suites
+
+    runs = []
+    run_file = suites.run_file
+    monkeypatch.setattr(suites, "run_file", lambda *a, **k: runs.append((a[1], k, run_file(*a, **k))) or runs[-1][2])
+    output = tmp_path / "table.md"
+    test_dir = Path(__file__).parent / "pytorch_style"
+    assert suites.main([str(test_dir), "--files", "work_cases", "--same-work", "--output", str(output)]) == 0
+    (cpu, _, plain), (openreg, _, on_openreg), (same_cpu, same_kwargs, same) = runs
+    assert (cpu, openreg, same_cpu) == ("cpu", "openreg", "cpu")
+    assert same_kwargs["plugins"] == (suites.SAME_WORK_PLUGIN,)
+    (name,) = [t for t in plain.outcomes if t.endswith("TestWork.test_configurations_are_the_privateuse1_backends")]
+    assert (plain.outcomes[name], on_openreg.outcomes[name], same.outcomes[name]) == ("failure", "passed", "passed")
+    table = output.read_text()
+    assert table.startswith(suites.SAME_WORK_HEADER)
+    cells = [c.strip() for c in table.splitlines()[2].split("|")[1:-1]]
+    assert len(cells) == 12 and cells[0] == "work_cases" and cells[2] == "1 / 2" and cells[3] == "0"
+    matched = [float(x) for x in cells[9].split(" / ")]  # both tests passed on the same-work CPU and on openreg
+    assert matched[1] == pytest.approx(sum(on_openreg.durations.values()), abs=0.01)
+    assert matched[0] == pytest.approx(sum(same.durations.values()), abs=0.01)
+    assert cells[11].endswith(", 0") and "Same work:" in table
+
+
+def test_the_suites_same_work_columns_count_the_same_work_run():
+    from torch_openreg.testing.suites import Run, compare, row, same_work_failures
+
+    cpu = Run(outcomes={"a": "passed", "b": "passed", "c": "passed"}, durations={"a": 1.0, "b": 1.0, "c": 1.0})
+    openreg = Run(outcomes={"a": "passed", "b": "passed", "c": "passed"}, durations={"a": 4.0, "b": 4.0, "c": 4.0})
+    same = Run(outcomes={"a": "passed", "b": "passed", "c": "failure"}, durations={"a": 2.0, "b": 2.0, "c": 0.5})
+    assert same_work_failures(cpu, same) == ["c"]
+    cells = [c.strip() for c in row("f", cpu, openreg, compare(cpu, openreg), same).split("|")[1:-1]]
+    assert cells[6:8] == ["3.00 / 12.00", "4.00"]  # the literal comparison: all three tests
+    assert cells[9:] == ["4.00 / 8.00", "2.00", "0, 1"]  # same work: "c" failed there, so a and b

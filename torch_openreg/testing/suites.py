@@ -11,6 +11,11 @@ are matched by name with the device taken out, and the wall time of each run is 
 runs the whole list (``FILES``) and writes the table ``docs/testing.md`` shows. The time ratio compares the
 tests that passed on both devices, each test's own duration summed (set-up and tear-down included), so that a
 test that fails or is skipped on one side does not count on the other.
+
+PyTorch's testing helpers give openreg more (or other) work than the CPU in some tests: ``--same-work`` runs the CPU
+side a second time with :mod:`torch_openreg.testing.same_work`, which makes those choices for the CPU as for openreg,
+and prints the time ratio against that run beside the literal one. The openreg-only failures stay those of the
+plain CPU run.
 """
 
 from __future__ import annotations
@@ -72,8 +77,12 @@ def _outcome(case: ET.Element) -> tuple[str, str]:
 _DEVICE_RESTRICTED = re.compile(r"Only runs on|only runs on|onlyNativeDeviceTypes|not in \[")
 
 
-def run_file(path: str, device: str, select: str | None = None, timeout: float = 7200) -> Run:
-    """Run one PyTorch test file under pytest on ``device`` ("cpu" or "openreg")."""
+SAME_WORK_PLUGIN = "torch_openreg.testing.same_work"
+
+
+def run_file(path: str, device: str, select: str | None = None, timeout: float = 7200,
+             plugins: tuple[str, ...] = ()) -> Run:
+    """Run one PyTorch test file under pytest on ``device`` ("cpu" or "openreg"), loading ``plugins`` too."""
     env = dict(os.environ, PYTORCH_TESTING_DEVICE_ONLY_FOR=device, CI="")
     if device == "openreg":
         env["TORCH_TEST_DEVICES"] = DEVICE_BASE
@@ -89,6 +98,8 @@ def run_file(path: str, device: str, select: str | None = None, timeout: float =
         # test_binary_ufuncs), defined in this subprocess only (pytorch_compat.py).
         cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--noconftest",
                "-p", "torch_openreg.testing.pytorch_compat", path, f"--junitxml={report}"]
+        for plugin in plugins:  # --same-work's CPU run: same_work.py
+            cmd += ["-p", plugin]
         if select:
             cmd += ["-k", select]
         started = time.perf_counter()
@@ -106,20 +117,22 @@ def run_file(path: str, device: str, select: str | None = None, timeout: float =
     return run
 
 
-def _alternate(path: str, select: str | None, repeat: int) -> tuple[Run, Run]:
-    """Run the file on the CPU and on openreg ``repeat`` times each, alternating (so that both see the same
-    machine), and keep the last outcomes with the median wall time of each side."""
-    runs: dict[str, list[Run]] = {"cpu": [], "openreg": []}
+def _alternate(path: str, select: str | None, repeat: int, same_work: bool = False) -> list[Run]:
+    """Run the file on the CPU and on openreg (and, with ``same_work``, on the CPU doing openreg's work)
+    ``repeat`` times each, alternating (so that all see the same machine), and keep the last outcomes with the
+    median wall time of each side: ``[cpu, openreg]`` or ``[cpu, openreg, same-work cpu]``."""
+    sides = [("cpu", ()), ("openreg", ())] + ([("cpu", (SAME_WORK_PLUGIN,))] if same_work else [])
+    runs: list[list[Run]] = [[] for _ in sides]
     for _ in range(max(1, repeat)):
-        for device in runs:
-            runs[device].append(run_file(path, device, select))
+        for done, (device, plugins) in zip(runs, sides):
+            done.append(run_file(path, device, select, plugins=plugins))
     result = []
-    for done in runs.values():
+    for done in runs:
         last = done[-1]
         last.seconds = statistics.median(r.seconds for r in done)
         last.test_seconds = statistics.median(r.test_seconds for r in done)
         result.append(last)
-    return result[0], result[1]
+    return result
 
 
 def compare(cpu: Run, openreg: Run) -> dict[str, list[str]]:
@@ -145,15 +158,30 @@ def matched_seconds(cpu: Run, openreg: Run) -> tuple[float, float]:
 HEADER = ("| file | tests | passed (cpu / openreg) | openreg-only failures | openreg-only skips "
           "| skipped by the test's device restriction | matched test time cpu / openreg (s) | ratio "
           "| wall time cpu / openreg (s) |\n|---|---|---|---|---|---|---|---|---|")
+# --same-work's columns, after HEADER's: the same comparison against the CPU run that did openreg's work
+SAME_WORK_HEADER = (HEADER.replace(" |\n", " | same work: matched test time cpu / openreg (s) | same-work ratio "
+                                   "| same-work cpu: wall time (s), failures only there |\n")
+                    + "---|---|---|")
 
 
-def row(name: str, cpu: Run, openreg: Run, diff: dict[str, list[str]]) -> str:
-    """One file's line of the table."""
+def row(name: str, cpu: Run, openreg: Run, diff: dict[str, list[str]], same_work: Run | None = None) -> str:
+    """One file's line of the table (with ``same_work``, the CPU run that did openreg's work, its columns too)."""
     matched = matched_seconds(cpu, openreg)
-    return (f"| {name} | {len(openreg.outcomes)} | {_count(cpu, 'passed')} / {_count(openreg, 'passed')} "
+    line = (f"| {name} | {len(openreg.outcomes)} | {_count(cpu, 'passed')} / {_count(openreg, 'passed')} "
             f"| {len(diff['fail'])} | {len(diff['skip'])} | {len(diff['restricted'])} "
             f"| {matched[0]:.2f} / {matched[1]:.2f} | {matched[1] / max(matched[0], 1e-9):.2f} "
             f"| {cpu.seconds:.0f} / {openreg.seconds:.0f} |")
+    if same_work is not None:
+        same = matched_seconds(same_work, openreg)
+        line += (f" {same[0]:.2f} / {same[1]:.2f} | {same[1] / max(same[0], 1e-9):.2f} "
+                 f"| {same_work.seconds:.0f}, {len(same_work_failures(cpu, same_work))} |")
+    return line
+
+
+def same_work_failures(cpu: Run, same_work: Run) -> list[str]:
+    """Tests that pass on the plain CPU run and fail on the CPU doing openreg's work (what the plugin changed)."""
+    return sorted(t for t, o in same_work.outcomes.items()
+                  if o in ("failure", "error") and cpu.outcomes.get(t) == "passed")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -163,26 +191,36 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-k", dest="select", default=None, help="pytest -k expression, for a slice")
     parser.add_argument("--repeat", type=int, default=1,
                         help="run each side this many times, alternating, and report the median wall times")
+    parser.add_argument("--same-work", action="store_true",
+                        help="also run the CPU side doing openreg's work (same_work.py) and print that time ratio")
     parser.add_argument("--output", help="write the table and the list of openreg-only failures there (Markdown)")
     args = parser.parse_args(argv)
-    print(HEADER, flush=True)
-    rows, details, failing, total = [], [], 0, [0.0, 0.0]
+    header = SAME_WORK_HEADER if args.same_work else HEADER
+    print(header, flush=True)
+    rows, details, failing, total, same_total = [], [], 0, [0.0, 0.0], [0.0, 0.0]
     for name in args.files.split(","):
         path = os.path.join(os.path.abspath(args.test_dir), name + ".py")
-        cpu, openreg = _alternate(path, args.select, args.repeat)
-        diff = compare(cpu, openreg)
+        cpu, openreg, *same_work = _alternate(path, args.select, args.repeat, args.same_work)
+        diff = compare(cpu, openreg)  # openreg-only failures: against the plain CPU run
         failing += len(diff["fail"])
         total = [a + b for a, b in zip(total, matched_seconds(cpu, openreg))]
-        rows.append(row(name, cpu, openreg, diff))
+        rows.append(row(name, cpu, openreg, diff, *same_work))
         print(rows[-1], flush=True)
         details += [f"- {name}: {kind} `{t}`: {openreg.messages.get(t, '')}"
                     for kind in ("fail", "skip") for t in diff[kind]]
+        if same_work:
+            same_total = [a + b for a, b in zip(same_total, matched_seconds(same_work[0], openreg))]
+            details += [f"- {name}: fails only on the same-work CPU run `{t}`: {same_work[0].messages.get(t, '')}"
+                        for t in same_work_failures(cpu, same_work[0])]
     summary = (f"All files: {failing} openreg-only failures; matched test time {total[0]:.0f} s on the CPU, "
                f"{total[1]:.0f} s on openreg ({total[1] / max(total[0], 1e-9):.2f}x).")
+    if args.same_work:
+        summary += (f" Same work: {same_total[0]:.0f} s on the CPU doing openreg's work, {same_total[1]:.0f} s on "
+                    f"openreg ({same_total[1] / max(same_total[0], 1e-9):.2f}x).")
     print("\n".join(details), summary, sep="\n")
     if args.output:
         with open(args.output, "w") as out:
-            out.write("\n".join([HEADER, *rows, "", summary, "", *details]) + "\n")
+            out.write("\n".join([header, *rows, "", summary, "", *details]) + "\n")
     return 1 if failing else 0
 
 
