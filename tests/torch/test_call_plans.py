@@ -463,3 +463,32 @@ def test_small_outputs_of_a_copying_out_overload_run_it_and_large_ones_are_serve
             torch.testing.assert_close(torch.nn.functional.layer_norm(x.to(DEV), shape[-1:]).cpu(),
                                        torch.nn.functional.layer_norm(x, shape[-1:]))
     assert _plan_kinds(torch.ops.aten.native_layer_norm.default) == {"ThroughOutOverload", "Served"}
+
+
+def test_functional_foreach_operators_run_a_plan_with_lists_of_outputs(meta_runs):
+    """_foreach_sqrt and kin return lists of fresh tensors: their plan allocates the lists and runs the CPU's
+    out= overload into their host views (the general path took every call before)."""
+    ps, qs = [torch.rand(5) + 0.5, torch.rand(2, 3), torch.rand(7)], [torch.randn(5), torch.randn(2, 3), torch.randn(7)]
+    for step in range(3):
+        dps, dqs = [p.to(DEV) for p in ps], [q.to(DEV) for q in qs]
+        if step == 1:
+            meta_runs.clear()
+        torch.testing.assert_close([t.cpu() for t in torch._foreach_sqrt(dps)], torch._foreach_sqrt(ps))
+        torch.testing.assert_close([t.cpu() for t in torch._foreach_add(dps, dqs, alpha=2)],
+                                   torch._foreach_add(ps, qs, alpha=2))
+    assert torch.ops.aten._foreach_sqrt.default not in meta_runs
+    assert torch.ops.aten._foreach_add.List not in meta_runs
+
+
+def test_the_sanitizer_sees_the_writes_of_a_plans_list_of_outputs(fallback_fast):
+    ps = [torch.rand(4, device=DEV) for _ in range(2)]
+    for _ in range(3):
+        torch._foreach_sqrt(ps)
+    torch.openreg.synchronize()
+    side = torch.openreg.Stream()
+    with torch.openreg.sanitizer.sanitizing():
+        with torch.openreg.stream(side):
+            roots = torch._foreach_sqrt(ps)  # written on the side stream
+        with pytest.raises(torch.AcceleratorError, match="STREAM_RACE|race"):
+            roots[1].sum()  # read on the default stream without waiting for the side stream
+        torch.openreg.synchronize()

@@ -102,5 +102,5 @@ def written_by(traits: OpTraits, args: tuple, kwargs: dict, fresh: Any = ()) -> 
     shape without deciding it again)."""
     written = [traits.value(args, kwargs, i) for i, a in enumerate(traits.arguments)
                if a.alias_info is not None and a.alias_info.is_write]
-    return [*tensors_of(tuple(written), {}), *(t for t in fresh if isinstance(t, torch.Tensor))]
+    return [*tensors_of(tuple(written), {}), *tensors_of(tuple(fresh), {})]
 # LITERALINCLUDE END: WRITE SET

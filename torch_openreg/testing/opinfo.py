@@ -8,7 +8,8 @@ synchronized, so an asynchronous kernel error is charged to the operator that ca
 
 Usage (one command regenerates ``docs/conformance.md``)::
 
-    python -m torch_openreg.testing.opinfo --dtypes float32,bfloat16,int64 --layouts all --limit 3 --repeat 3 --output docs/conformance.md
+    python -m torch_openreg.testing.opinfo --dtypes float32,bfloat16,int64 --layouts all --limit 3 --repeat 3 \
+        --output docs/conformance.md
 
 ``--layouts`` adds the sparse layouts an OpInfo has samples for (``OpInfo.sample_inputs_sparse``):
 ``--layouts all`` is every layout of ``LAYOUTS``.

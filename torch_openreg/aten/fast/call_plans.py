@@ -98,6 +98,12 @@ class ThroughOutOverload(Plan):
     def prepare(self, host_args, host_kwargs, extents, args, kwargs) -> tuple[list, FunctionalOutKernel]:
         outs = []
         for name, m in zip(self.out_names, self.metas):
+            if isinstance(m, list):  # a list of outputs (a _foreach_ operator's)
+                made = [_C._empty_like_meta(one, self.index) for one in m]
+                outs.append([out for out, _, _ in made])
+                host_kwargs[name] = [view for _, view, _ in made]
+                extents.extend(where for _, _, where in made)
+                continue
             out, host_kwargs[name], where = _C._empty_like_meta(m, self.index)
             outs.append(out)
             extents.append(where)
@@ -105,6 +111,8 @@ class ThroughOutOverload(Plan):
                                          self.out_names, self.scratch, self)
 
     def recipe_of(self) -> Any:
+        if any(isinstance(m, list) for m in self.metas):
+            return False  # the bridge's launch allocates single outputs
         return planned_launch.recipe(self, self.out_op, list(zip(self.out_names, self.metas)))
 
 
@@ -206,6 +214,8 @@ def _plans_of(op: torch._ops.OpOverload) -> _OpPlans | None:
             elif traits.functional:
                 entry = _OpPlans(traits, Served, None)
                 entry.copying_out = copying_out_overload(op, traits)
+            elif (copying := copying_out_overload(op, traits)) is not None:
+                entry = _OpPlans(traits, ThroughOutOverload, copying)  # lists of fresh outputs (_foreach_sqrt)
             elif traits.mutates and not traits.out_args and all(r.kind is Kind.INPLACE for r in traits.returns):
                 entry = _OpPlans(traits, InPlace, None)
         _ops[op] = entry
@@ -278,13 +288,13 @@ def _plan(entry: _OpPlans, call: Call) -> Plan | None:
     """The plan of a call the mechanism has decided; None when an output is absent (the mechanism runs it)."""
     traits = call.traits
     metas = [call.meta] if len(traits.returns) == 1 else list(call.meta or ())
-    if entry.kind is Served and any(m is not None and not isinstance(m, torch.Tensor) for m in metas) or \
-            entry.kind is ThroughOutOverload and any(not isinstance(m, torch.Tensor) for m in metas):
-        return None
     kind, out = entry.kind, entry.out
     if kind is Served and entry.copying_out is not None and all(isinstance(m, torch.Tensor) for m in metas) and \
             sum(m.numel() * m.element_size() for m in metas) <= SMALL_OUTPUTS:
         kind, out = ThroughOutOverload, entry.copying_out  # copying a few bytes costs less than serving them
+    if kind is Served and any(m is not None and not isinstance(m, torch.Tensor) for m in metas) or \
+            kind is ThroughOutOverload and not all(_tensors(m) for m in metas):
+        return None
     numbers = [i for i in traits.tensor_args if isinstance(call.given_value(i), _NUMBERS)]
     plan = kind(call, tuple((i, call.args[i]) for i in numbers if i < len(call.args)), metas, out)
     # Numbers passed for Tensor arguments: the call shape has their values (or classes: then each call wraps
@@ -293,6 +303,12 @@ def _plan(entry: _OpPlans, call: Call) -> Plan | None:
     if numbers and (traits.numbers == NUMBER_TYPE or numbers[-1] >= len(call.args)):
         plan.cacheable = False
     return plan
+
+
+def _tensors(meta: Any) -> bool:
+    """Whether an output's meta is a tensor or a non-empty list of tensors (what ThroughOutOverload allocates)."""
+    return isinstance(meta, torch.Tensor) or (isinstance(meta, list) and bool(meta)
+                                              and all(isinstance(m, torch.Tensor) for m in meta))
 
 
 def clean(call: Call) -> None:

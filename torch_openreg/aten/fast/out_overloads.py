@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from ..outputs import CpuDisagrees, copy_into
-from ..traits import OpTraits
+from ..traits import Kind, OpTraits
 
 
 # LITERALINCLUDE START: OUT OVERLOAD
@@ -33,7 +33,8 @@ def copying_out_overload(op: torch._ops.OpOverload,
 
 
 def _out_overload(op: torch._ops.OpOverload, traits: OpTraits) -> tuple[torch._ops.OpOverload, tuple[str, ...]] | None:
-    if not traits.functional:
+    # an operator returning only fresh tensors or lists of them (the functional _foreach_ operators), writing nothing
+    if not traits.returns or traits.mutates or any(r.kind is not Kind.FRESH for r in traits.returns):
         return None
     # The out= overload is usually "out" or "<overload>_out", but some are named after their
     # output ("threshold_backward.grad_input"): any overload with the same inputs plus one
