@@ -190,3 +190,25 @@ def test_optimizers_match_cpu(opt_cls, kwargs):
 def test_fused_adam_is_one_launch_per_step(launches):
     _train(torch.optim.Adam, DEV, steps=2, fused=True)
     assert [name for name, _, _ in launches].count("aten::_fused_adam_") == 2
+
+
+def test_pointwise_foreach_operators_take_their_packed_scalars_on_the_cpu_as_on_cuda():
+    """_foreach_addcdiv/_foreach_addcmul's ``scalars`` tensor stays on the CPU (CUDA's kernels require it there):
+    accepted beside openreg tensors, with the CPU's own errors for a wrong one (PyTorch's test_foreach
+    test_pointwise_op_with_tensor_of_scalarlist_overload)."""
+    xs, ys, zs = ([torch.rand(3) + 0.5 for _ in range(3)] for _ in range(3))
+    scalars = torch.tensor([1.0, -2.0, 0.5])
+
+    def dev(ts):
+        return [t.to("openreg") for t in ts]
+
+    got = torch._foreach_addcdiv(dev(xs), dev(ys), dev(zs), scalars)
+    torch.testing.assert_close([t.cpu() for t in got], torch._foreach_addcdiv(xs, ys, zs, scalars))
+    dxs = dev(xs)
+    torch._foreach_addcmul_(dxs, dev(ys), dev(zs), scalars)
+    torch._foreach_addcmul_(xs, ys, zs, scalars)
+    torch.testing.assert_close([t.cpu() for t in dxs], xs)
+    with pytest.raises(RuntimeError, match="packed scalar Tensor to be of dimension 1"):
+        torch._foreach_addcdiv(dev(xs), dev(ys), dev(zs), scalars[0])
+    with pytest.raises(RuntimeError, match="length of scalars to match input of length 3"):
+        torch._foreach_addcdiv(dev(xs), dev(ys), dev(zs), scalars[:2])
