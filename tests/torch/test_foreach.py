@@ -212,3 +212,5 @@ def test_pointwise_foreach_operators_take_their_packed_scalars_on_the_cpu_as_on_
         torch._foreach_addcdiv(dev(xs), dev(ys), dev(zs), scalars[0])
     with pytest.raises(RuntimeError, match="length of scalars to match input of length 3"):
         torch._foreach_addcdiv(dev(xs), dev(ys), dev(zs), scalars[:2])
+    with pytest.raises(RuntimeError, match="Expected scalars to be on CPU, got openreg:0 instead"):
+        torch._foreach_addcdiv(dev(xs), dev(ys), dev(zs), scalars.to("openreg"))  # CUDA's error for device scalars

@@ -36,7 +36,7 @@ from .call import Call, Route
 from .launch import detach_frames, host_view, launch, run_sync
 from .outputs import CpuDisagrees, as_return, copy_into, device_view, fit_to, output_pairs
 from .sparse import members
-from .traits import Kind, OpTraits, traits_of
+from .traits import CPU_SCALARS, Kind, OpTraits, traits_of
 
 
 # LITERALINCLUDE START: FALLBACK
@@ -81,6 +81,10 @@ def decide(op: torch._ops.OpOverload, traits: OpTraits, args: tuple, kwargs: dic
     args, kwargs = wrap_numbers(traits, args, kwargs)
     tensors = tensors_of(args, kwargs)
     device = device_of(traits, tensors, kwargs)
+    if traits.name in CPU_SCALARS:  # as CUDA's foreach kernels: their packed scalars on the CPU only
+        scalars = traits.value(args, kwargs, traits.positions["scalars"])
+        if isinstance(scalars, torch.Tensor) and not scalars.is_cpu:
+            raise RuntimeError(f"Expected scalars to be on CPU, got {scalars.device} instead.")
     key = call_key(*given, traits.numbers, traits.placed)
     call = Call(op, traits, args, kwargs, given, tensors, device, key, Route.CHECK)
     if not traits.returns_tensors or traits.cpu_decides or (traits.host_checks and traits.host_checks(call)):

@@ -41,10 +41,14 @@ CPU_INDICES_OK = {
     # PyTorch's test_sort_and_select fills a CUDA tensor at CPU indices (index_fill with a 1-element CPU index)
     "aten::index_fill_.int_Scalar", "aten::index_fill_.int_Tensor", "aten::index_fill.int_Scalar",
     "aten::index_fill.int_Tensor",
-    # the foreach pointwise operators' packed ``scalars`` tensor, which CUDA's kernels require on the CPU
+}
+# The foreach pointwise operators' packed ``scalars`` tensor, which CUDA's kernels require on the CPU (and refuse
+# on the device: "Expected scalars to be on CPU")
+CPU_SCALARS = {
     "aten::_foreach_addcdiv.Tensor", "aten::_foreach_addcdiv_.Tensor", "aten::_foreach_addcdiv.Tensor_out",
     "aten::_foreach_addcmul.Tensor", "aten::_foreach_addcmul_.Tensor", "aten::_foreach_addcmul.Tensor_out",
 }
+CPU_INDICES_OK |= CPU_SCALARS
 # Operators whose meta kernel disagrees with their CPU kernel on output shapes or dtypes (the meta
 # kernels follow CUDA: e.g. eval-mode batch norm statistics of size C, not 0; float statistics for
 # bfloat16 inputs). The CPU kernel decides what they return: they always run now (``Route.NOW``).
