@@ -30,6 +30,9 @@ DEV = torch.device("openreg", 0)
 @pytest.fixture
 def meta_runs(monkeypatch, fallback_fast):
     """The operators of the calls that took the general path (``fallback.decide``: a plan skips it)."""
+    for table in call_plans._bound.caches:  # a fresh plan table: a full one is emptied, maybe during the test
+        table.clear()
+    call_plans._bound.count = 0
     calls = []
     real = fallback.decide
 

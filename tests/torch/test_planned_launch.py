@@ -22,6 +22,11 @@ def python_plan_runs(monkeypatch, fallback_fast):
     launched from the bridge does not appear (skipped with OPENREG_CPP_LAUNCH=0)."""
     if not planned_launch.ENABLED:
         pytest.skip("tests the C++ planned launch (OPENREG_CPP_LAUNCH=0 turns it off)")
+    # A fresh plan table: in a long run the table (bounded, call_plans._bound) may be emptied in the middle of a
+    # test, and the plans made again take the Python path once more.
+    for table in call_plans._bound.caches:
+        table.clear()
+    call_plans._bound.count = 0
     seen = []
     real = call_plans.Plan.run
 
