@@ -495,3 +495,18 @@ def test_the_sanitizer_sees_the_writes_of_a_plans_list_of_outputs(fallback_fast)
         with pytest.raises(torch.AcceleratorError, match="STREAM_RACE|race"):
             roots[1].sum()  # read on the default stream without waiting for the side stream
         torch.openreg.synchronize()
+
+
+def test_a_call_shape_gets_its_plan_back_after_the_plan_table_is_emptied(meta_runs):
+    """The plan table is bounded (emptied when full); a call shape checked before (its route remembered) takes the
+    general path once and keeps its plan again, instead of taking the general path on every later call."""
+    a, b = torch.randn(6), torch.randn(6)
+    da, db = a.to(DEV), b.to(DEV)
+    for _ in range(2):
+        torch.testing.assert_close((da * db).cpu(), a * b)
+    for table in call_plans._bound.caches:  # what a full table does
+        table.clear()
+    meta_runs.clear()
+    for _ in range(4):
+        torch.testing.assert_close((da * db).cpu(), a * b)
+    assert meta_runs.count(torch.ops.aten.mul.Tensor) == 1

@@ -65,6 +65,8 @@ def fallback(op: torch._ops.OpOverload, *args: Any, **kwargs: Any) -> Any:
                 if check and not warned:  # a call shape that warned stays checked: each call warns, as on the CPU
                     _remember(call, Route.QUEUE)
                     _choices.clean(call)
+                elif call.route is Route.QUEUE:  # checked before, its plan since dropped (a bounded table emptied)
+                    _choices.clean(call)
                 return result
         return run_now(call)
     except BaseException as exc:
