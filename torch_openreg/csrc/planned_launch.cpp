@@ -1,8 +1,8 @@
 // The call plans' launch in one crossing (torch_openreg/aten/fast/planned_launch.py decides when): a planned
 // call whose out= kernel has run clean is launched here, given what _describe_call returned: its fresh
 // outputs allocated with their host views, the operator's arguments converted once into a stack (by
-// PyTorch's own conversion, torch::jit::createStackForSchema, the one an OpOverload call from Python
-// uses), and a kernel that runs that stack through the dispatcher queued with Stream.launch. What the
+// PyTorch's own conversion, torch::jit::argumentToIValue per argument, which createStackForSchema applies
+// to an OpOverload call from Python), and a kernel that runs that stack through the dispatcher queued with Stream.launch. What the
 // plan is, whether it may be launched here and what is returned are decided in Python; the kernel is the
 // same CPU kernel the Python plan's OutKernel calls (call_plans.py), with the same arguments.
 #include <ATen/core/dispatch/Dispatcher.h>
