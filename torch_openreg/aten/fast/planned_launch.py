@@ -7,7 +7,8 @@ reference: it allocates the outputs, builds an ``OutKernel`` and launches it thr
 it all from what ``_C._describe_call`` returned: the outputs with their host views, the arguments converted
 once into the dispatcher's form (``torch::jit::argumentToIValue`` per argument, as ``createStackForSchema``
 converts an ``OpOverload`` call from Python), and a kernel that runs them through the dispatcher queued with
-``Stream.launch`` (so the launch hooks see it like any other). ``OPENREG_CPP_LAUNCH=0`` turns it off (the reference path runs every call).
+``Stream.launch`` (so the launch hooks see it like any other). ``OPENREG_CPP_LAUNCH=0`` turns it off (the
+reference path runs every call).
 
 Not here: a call shape's first calls (the reference path checks them), functional kernels whose outputs are
 served (``served_outputs``), and launches while the stream sanitizer needs each launch's write set.
