@@ -107,6 +107,67 @@ def test_a_copy_between_views_of_the_same_elements_launches_nothing(launches, no
     torch.testing.assert_close(c.cpu(), torch.tensor([1 - 2j, 3 + 4j]))
 
 
+@pytest.mark.parametrize("case", ["dtype", "neg", "conj", "offset", "strides", "sizes", "expand"])
+def test_copies_between_views_that_share_a_first_element_compute_as_on_the_cpu(case, no_leak):
+    """The same-elements shortcut (the bridge's front door of ``_copy_from`` when ``OPENREG_CPP_LAUNCH`` is on,
+    copy.py's ``_same_data`` when off) returns only for views of the very same elements: a pair with the
+    same first element that differs in dtype, bits, strides or sizes copies (or raises) as on the CPU."""
+    def run(device):
+        x = torch.arange(1, 13, dtype=torch.float32, device=device).reshape(3, 4)
+        c = torch.tensor([1 + 2j, 3 - 4j], device=device)
+        try:
+            copy(x, c)
+        except RuntimeError as error:  # (a partial overlap: refused on both)
+            return str(error)
+        return x.cpu(), c.cpu()
+
+    def copy(x, c):
+        if case == "dtype":  # the same bytes read as int32: a converting copy
+            x.view(torch.int32).copy_(x)
+        elif case == "neg":
+            x.copy_(torch._neg_view(x))
+        elif case == "conj":
+            c.copy_(c.conj())
+        elif case == "offset":
+            x[0, 1:].copy_(x[0, :3])
+        elif case == "strides":  # the first row onto the first column's first three elements
+            x[:, 0].copy_(x[0, :3])
+        elif case == "sizes":  # a broadcast: (4,) into (3, 4) from the same first element
+            x.copy_(x[0])
+        else:
+            x[0].copy_(x[0, :1].expand(4))
+
+    got, expected = run("openreg"), run("cpu")
+    if isinstance(expected, str):
+        assert got == expected
+    else:
+        for a, b in zip(got, expected):
+            torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_a_copy_the_cpu_refuses_raises_its_error_through_the_front_door(no_leak):
+    """An error of the Python copy kernel reaches the caller as the CPU's (type and message), whether the
+    bridge's front door or the Python registration received the call."""
+    def refused(device):
+        x = torch.arange(6.0, device=device)
+        try:
+            x[:3].copy_(x[:2])  # the same first element, sizes that do not broadcast
+        except RuntimeError as error:
+            return str(error)  # (kept as text: the traceback would keep x's memory past the leak check)
+        return None
+
+    assert refused("openreg") == refused("cpu") is not None
+
+
+def test_copy_from_is_the_bridges_front_door_unless_the_bridge_launch_is_off(run_python):
+    """``OPENREG_CPP_LAUNCH`` (on by default) registers ``_copy_from`` from the bridge, which hands every copy
+    but a same-elements one to copy.copy_from; off, copy.copy_from is registered itself."""
+    code = ("import torch, torch_openreg; t = torch._C._dispatch_dump_table('aten::_copy_from'); "
+            "print([line for line in t.splitlines() if line.startswith('PrivateUse1:')][0])")
+    assert "copy_from.cpp" in run_python(code).stdout
+    assert "aten/__init__.py" in run_python(code, env={"OPENREG_CPP_LAUNCH": "0"}).stdout
+
+
 def test_a_small_read_waits_then_loads_unless_something_watches_the_transfer(monkeypatch, fallback_fast, asynchronous,
                                                                               no_leak):
     """``.cpu()`` of a small contiguous tensor, like ``.item()``: once the stream's earlier work is done (waited

@@ -10,6 +10,8 @@ import functools
 import torch
 
 import openreg
+from openreg.settings import CPP_LAUNCH
+from torch_openreg import _C
 
 from . import (  # noqa: F401  (custom_ops registers on import)
     copy,
@@ -30,7 +32,10 @@ from . import (  # noqa: F401  (custom_ops registers on import)
 
 # LITERALINCLUDE START: REGISTER PYTHON KERNELS
 _aten = torch.library.Library("aten", "IMPL")
-_aten.impl("_copy_from", copy.copy_from, "PrivateUse1")
+if CPP_LAUNCH:  # a copy onto the same elements returns in the bridge (csrc/copy_from.cpp); the rest reach copy_from
+    _C._register_copy_from(copy.copy_from)
+else:
+    _aten.impl("_copy_from", copy.copy_from, "PrivateUse1")
 _aten.impl("_copy_from_and_resize", copy.copy_from_and_resize, "PrivateUse1")
 _aten.impl("_local_scalar_dense", copy.local_scalar_dense, "PrivateUse1")
 _aten.impl("record_stream", copy.record_stream, "PrivateUse1")

@@ -31,19 +31,20 @@ def _check_shapes(src: torch.Tensor, dst: torch.Tensor) -> None:
 
     A copy queued on a stream would otherwise fail in its kernel and report at the next synchronization,
     where CUDA (and the CPU) check shapes on the host before anything runs. The check is ``copy_``'s own,
-    over meta tensors (a few microseconds, paid only when the shapes differ).
+    over meta tensors (a few microseconds, paid only when the shapes differ). The overlap checks come first, as
+    the TensorIterator of copy_ makes them (compute_mem_overlaps before compute_shape): a copy that fails both
+    raises the overlap error, as on the CPU.
     """
+    if dst.layout == torch.strided:
+        if torch._debug_has_internal_overlap(dst) == 1:  # at::has_internal_overlap says MemOverlap::Yes
+            raise RuntimeError(_OVERLAP_ERRORS[0])
+        if src.device == dst.device and src.untyped_storage().data_ptr() == dst.untyped_storage().data_ptr():
+            _check_partial_overlap(src, dst)
     # TensorBase.size, not ``.shape``: a Tensor subclass may refuse ``.shape`` (nn's UninitializedParameter, which
     # ``LazyConv1d().to("openreg").to(torch.float64)`` copies), as the CPU's C++ copy never asks it
     src_shape, dst_shape = torch._C.TensorBase.size(src), torch._C.TensorBase.size(dst)
     if not src.is_nested and src_shape != dst_shape:
         torch.empty(dst_shape, device="meta").copy_(torch.empty(src_shape, device="meta"))
-    if dst.layout != torch.strided:
-        return
-    if torch._debug_has_internal_overlap(dst) == 1:  # at::has_internal_overlap says MemOverlap::Yes
-        raise RuntimeError(_OVERLAP_ERRORS[0])
-    if src.device == dst.device and src.untyped_storage().data_ptr() == dst.untyped_storage().data_ptr():
-        _check_partial_overlap(src, dst)
 
 
 # CPU's and CUDA's copy_ builds a TensorIterator, which refuses a written-to tensor with internal overlap and
