@@ -49,7 +49,8 @@ PORTABLE_SHM = _flag("OPENREG_PORTABLE_SHM", False)  # POSIX shm_open instead of
 PROTECTION_GRANULE = parse_size(os.environ.get("OPENREG_PROTECTION_GRANULE", "0"))  # 0: the OS page size
 # The PyTorch integration (torch_openreg/)
 FALLBACK_FAST = _flag("OPENREG_FALLBACK_FAST", True)  # the global fallback's accelerations (aten/fast/)
-# planned calls launched in one bridge call (csrc/planned_launch.cpp), _copy_from's front door (csrc/copy_from.cpp)
+# planned calls launched in one bridge call (csrc/planned_launch.cpp); the copies and .item() registered from the bridge
+# (csrc/copies.cpp)
 CPP_LAUNCH = _flag("OPENREG_CPP_LAUNCH", True)
 LAUNCH_SITES = _flag("OPENREG_LAUNCH_SITES", False)  # profiler: each launch names the Python line that made it
 OCCL_BLOCKING_WAIT = _flag("OCCL_BLOCKING_WAIT", False)  # collectives' Work.wait() blocks the host

@@ -159,13 +159,29 @@ def test_a_copy_the_cpu_refuses_raises_its_error_through_the_front_door(no_leak)
     assert refused("openreg") == refused("cpu") is not None
 
 
-def test_copy_from_is_the_bridges_front_door_unless_the_bridge_launch_is_off(run_python):
-    """``OPENREG_CPP_LAUNCH`` (on by default) registers ``_copy_from`` from the bridge, which hands every copy
-    but a same-elements one to copy.copy_from; off, copy.copy_from is registered itself."""
-    code = ("import torch, torch_openreg; t = torch._C._dispatch_dump_table('aten::_copy_from'); "
+@pytest.mark.parametrize("op", ["_copy_from", "_local_scalar_dense"])
+def test_the_copies_are_registered_from_the_bridge_unless_the_bridge_launch_is_off(op, run_python):
+    """``OPENREG_CPP_LAUNCH`` (on by default) registers ``_copy_from`` and ``_local_scalar_dense`` from the bridge,
+    which calls their Python kernels (a same-elements copy returns there); off, the Python kernels are
+    registered themselves."""
+    code = (f"import torch, torch_openreg; t = torch._C._dispatch_dump_table('aten::{op}'); "
             "print([line for line in t.splitlines() if line.startswith('PrivateUse1:')][0])")
-    assert "copy_from.cpp" in run_python(code).stdout
+    assert "csrc/copies.cpp" in run_python(code).stdout
     assert "aten/__init__.py" in run_python(code, env={"OPENREG_CPP_LAUNCH": "0"}).stdout
+
+
+@pytest.mark.parametrize(("dtype", "value"), [
+    (torch.uint64, 2**64 - 1), (torch.uint64, 2**63 + 5), (torch.int64, -2**63), (torch.uint32, 2**32 - 1),
+    (torch.float16, 65504.0), (torch.bfloat16, -0.0), (torch.float64, float("nan")), (torch.complex64, 1 + 2j),
+    (torch.complex32, 1 - 1j), (torch.float8_e4m3fn, 1.5), (torch.bool, True), (torch.int8, -7)])
+def test_item_returns_the_cpus_python_number_for_every_dtype(dtype, value, no_leak):
+    """``.item()`` through the bridge's registration (or the Python one): the same Python value and type as the
+    CPU's, including the unsigned values beyond int64 and the lazily converted narrow floats."""
+    made_as = {torch.complex32: torch.complex64, torch.float8_e4m3fn: torch.float32}.get(dtype, dtype)
+    cpu = torch.tensor([value], dtype=made_as).to(dtype)
+    got, expected = cpu.to("openreg").item(), cpu.item()
+    assert type(got) is type(expected)
+    assert got == expected or (got != got and expected != expected)
 
 
 def test_a_small_read_waits_then_loads_unless_something_watches_the_transfer(monkeypatch, fallback_fast, asynchronous,

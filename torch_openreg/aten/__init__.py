@@ -32,12 +32,12 @@ from . import (  # noqa: F401  (custom_ops registers on import)
 
 # LITERALINCLUDE START: REGISTER PYTHON KERNELS
 _aten = torch.library.Library("aten", "IMPL")
-if CPP_LAUNCH:  # a copy onto the same elements returns in the bridge (csrc/copy_from.cpp); the rest reach copy_from
-    _C._register_copy_from(copy.copy_from)
+if CPP_LAUNCH:  # from the bridge (csrc/copies.cpp): a copy onto the same elements returns there, the rest reach Python
+    _C._register_copies(copy.copy_from, copy.local_scalar_dense)
 else:
     _aten.impl("_copy_from", copy.copy_from, "PrivateUse1")
+    _aten.impl("_local_scalar_dense", copy.local_scalar_dense, "PrivateUse1")
 _aten.impl("_copy_from_and_resize", copy.copy_from_and_resize, "PrivateUse1")
-_aten.impl("_local_scalar_dense", copy.local_scalar_dense, "PrivateUse1")
 _aten.impl("record_stream", copy.record_stream, "PrivateUse1")
 _aten.impl("native_dropout", random.native_dropout, "PrivateUse1")
 _aten.impl("convolution_overrideable", routes.convolution_overrideable, "PrivateUse1")

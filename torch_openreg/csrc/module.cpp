@@ -35,7 +35,7 @@ void bind_kernel_scope(py::module& m);
 void bind_distributed(py::module& m);
 void bind_profiler(py::module& m);
 void bind_planned_launch(py::module& m);
-void bind_copy_from(py::module& m);
+void bind_copies(py::module& m);
 
 // LITERALINCLUDE START: VIEW ADDRESS
 // The runtime's translation from a device pointer to the device's own view of that memory
@@ -224,7 +224,7 @@ PYBIND11_MODULE(_C, m) {
   openreg::bind_distributed(m);
   openreg::bind_profiler(m);
   openreg::bind_planned_launch(m);
-  openreg::bind_copy_from(m);
+  openreg::bind_copies(m);
   m.def("_copy_backend_meta", &openreg::copy_backend_meta,
         "clone an openreg tensor's backend metadata onto dst (torch._C._copy_backend_meta of newer PyTorch)");
 }
