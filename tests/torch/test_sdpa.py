@@ -167,3 +167,27 @@ def test_where_the_cpu_uses_flash_so_does_openreg_bit_for_bit(kwargs, launches):
     torch.testing.assert_close(got.cpu(), expected, rtol=0, atol=0)
     for a, b in zip(cpu, dev):
         torch.testing.assert_close(b.grad.cpu(), a.grad, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize(("need_weights", "average"), [(False, False), (False, True), (True, True), (True, False)])
+def test_native_multi_head_attention_returns_what_the_cpu_returns(need_weights, average):
+    """``torch._native_multi_head_attention`` (nn.MultiheadAttention's fast path): without ``need_weights`` the
+    CPU kernel returns no weights (None) where the meta kernel says an empty tensor; openreg's fallback took the
+    meta kernel's word and failed in the kernel (test_native_mha). Three calls: the checking call and planned ones."""
+    torch.manual_seed(0)
+    embed, heads = 64, 4
+    q, w, b, pw, pb = (torch.randn(16, 5, embed), torch.randn(3 * embed, embed), torch.randn(3 * embed),
+                       torch.randn(embed, embed), torch.randn(embed))
+
+    def run(device):
+        args = [t.to(device) for t in (q, w, b, pw, pb)]
+        return [torch._native_multi_head_attention(args[0], args[0], args[0], embed, heads, *args[1:], None,
+                                                   need_weights=need_weights, average_attn_weights=average,
+                                                   mask_type=1) for _ in range(3)]
+
+    for (out, weights), (expected_out, expected_weights) in zip(run("openreg"), run("cpu")):
+        torch.testing.assert_close(out.cpu(), expected_out)
+        if expected_weights is None:
+            assert weights is None
+        else:
+            torch.testing.assert_close(weights.cpu(), expected_weights)

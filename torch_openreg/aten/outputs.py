@@ -87,7 +87,12 @@ class CpuDisagrees(RuntimeError):
 
 
 def check_output(name: str, view: torch.Tensor, result: torch.Tensor) -> None:
-    """Raise :class:`CpuDisagrees` unless ``result`` (the CPU's) fits ``view`` (the meta kernel's output)."""
+    """Raise :class:`CpuDisagrees` unless ``result`` (the CPU's) fits ``view`` (the meta kernel's output). An
+    undefined tensor (None) disagrees too: ``_native_multi_head_attention(need_weights=False)``'s CPU kernel
+    returns no weights where its meta kernel returns an empty tensor."""
+    if not isinstance(result, torch.Tensor):
+        raise CpuDisagrees(f"{name}: the CPU kernel gave no tensor where the meta kernel said {tuple(view.shape)} "
+                           f"and {view.dtype}")
     if result.shape != view.shape or result.dtype != view.dtype:
         raise CpuDisagrees(
             f"{name}: the CPU kernel gave an output of shape {tuple(result.shape)} and dtype {result.dtype} where "
