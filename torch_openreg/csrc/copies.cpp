@@ -26,12 +26,12 @@ py::object wrap(const at::Tensor& t) { return py::reinterpret_steal<py::object>(
 
 // LITERALINCLUDE START: COPY FROM FRONT
 // copy.py's _same_data, in C++: two strided openreg tensors on one device with the same first element, dtype,
-// sizes, strides and lazy conjugate/negative bits.
+// sizes, strides and lazy conjugate/negative bits (const_data_ptr: asking never materializes a lazy clone).
 bool same_data(const at::Tensor& src, const at::Tensor& dst) {
   return src.layout() == at::kStrided && dst.layout() == at::kStrided && !src.is_nested() &&
-         src.device() == dst.device() && src.data_ptr() == dst.data_ptr() && src.dtype() == dst.dtype() &&
-         src.sizes().equals(dst.sizes()) && src.strides().equals(dst.strides()) && src.is_conj() == dst.is_conj() &&
-         src.is_neg() == dst.is_neg();
+         src.device() == dst.device() && src.const_data_ptr() == dst.const_data_ptr() &&
+         src.dtype() == dst.dtype() && src.sizes().equals(dst.sizes()) && src.strides().equals(dst.strides()) &&
+         src.is_conj() == dst.is_conj() && src.is_neg() == dst.is_neg();
 }
 
 at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
