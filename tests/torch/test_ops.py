@@ -253,6 +253,32 @@ def test_batch_norm_eval():
     check(lambda x, m, v: F.batch_norm(x, m, v, training=False), IMG, torch.randn(3), torch.rand(3) + 0.5)
 
 
+@pytest.mark.parametrize("op, stats", [("native_batch_norm", True), ("native_batch_norm", False),
+                                       ("_native_batch_norm_legit", True), ("_native_batch_norm_legit.no_stats", False)])
+def test_batch_norm_of_a_non_contiguous_input_in_training_mode(op, stats):
+    """Batch norm in training mode of a non-contiguous input (test_modules' test_non_contiguous_tensors): the
+    CPU's out= kernels read it as if it were contiguous, so openreg runs the functional kernel (values and
+    statistics as the CPU's, three calls: the checking one and planned ones)."""
+    packet, _, overload = op.partition(".")
+    fn = getattr(getattr(torch.ops.aten, packet), overload or "default")
+    base = torch.randn(4, 10, dtype=torch.float64)
+    w, b = torch.randn(10, dtype=torch.float64), torch.randn(10, dtype=torch.float64)
+    running = [torch.zeros(10, dtype=torch.float64), torch.ones(10, dtype=torch.float64)] if stats else [None, None]
+
+    def run(device):
+        x = torch.repeat_interleave(base.to(device), 2, dim=-1)[..., ::2]  # made on the device: strides (20, 2)
+        assert x.stride() == (20, 2)
+        args = [x] + [t.to(device) if t is not None else None for t in (w, b, *running)]
+        if op == "_native_batch_norm_legit.no_stats":
+            args = args[:3]
+        return ([[r.cpu() for r in fn(*args, True, 0.3, 1e-3)] for _ in range(3)],
+                [a.cpu() for a in args[3:] if a is not None])
+
+    (got, got_stats), (expected, expected_stats) = run(DEV), run("cpu")
+    for a, e in zip([*got, got_stats], [*expected, expected_stats]):
+        torch.testing.assert_close(a, e)
+
+
 @pytest.mark.parametrize("dtype, param_dtype", [(torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16),
                                                 (torch.bfloat16, torch.float32), (torch.float16, None)])
 @pytest.mark.parametrize("training", [True, False])
