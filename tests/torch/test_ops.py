@@ -254,7 +254,8 @@ def test_batch_norm_eval():
 
 
 @pytest.mark.parametrize("op, stats", [("native_batch_norm", True), ("native_batch_norm", False),
-                                       ("_native_batch_norm_legit", True), ("_native_batch_norm_legit.no_stats", False)])
+                                       ("_native_batch_norm_legit", True),
+                                       ("_native_batch_norm_legit.no_stats", False)])
 def test_batch_norm_of_a_non_contiguous_input_in_training_mode(op, stats):
     """Batch norm in training mode of a non-contiguous input (test_modules' test_non_contiguous_tensors): the
     CPU's out= kernels read it as if it were contiguous, so openreg runs the functional kernel (values and
