@@ -253,6 +253,22 @@ def test_batch_norm_eval():
     check(lambda x, m, v: F.batch_norm(x, m, v, training=False), IMG, torch.randn(3), torch.rand(3) + 0.5)
 
 
+@pytest.mark.parametrize("shape, kernel", [((6, 12, 13, 14), (5, 6, 7)), ((79, 4, 4, 4), (3, 3, 3)),
+                                           ((2, 6, 12, 13, 14), (5, 6, 7))])
+def test_max_pool3d_of_a_channels_last_volume_lays_its_outputs_out_as_the_cpu(shape, kernel):
+    """``max_pool3d`` of one unbatched volume (C, D, H, W) laid out as channels_last_3d: the CPU lays out its output
+    and indices the same way (test_pooling's test_max_pool3d_ndhwc), where PyTorch's meta kernel says contiguous;
+    a batch of volumes too. Values, indices and strides as the CPU's, twice (the checking call and a planned one)."""
+    x = torch.randn(1, *shape[-4:]).contiguous(memory_format=torch.channels_last_3d)
+    x = x.squeeze(0) if len(shape) == 4 else torch.randn(shape).contiguous(memory_format=torch.channels_last_3d)
+    expected = F.max_pool3d(x, kernel, return_indices=True)
+    for _ in range(2):
+        got = F.max_pool3d(x.to(DEV), kernel, return_indices=True)
+        for g, e in zip(got, expected):
+            assert g.stride() == e.stride()
+            torch.testing.assert_close(g.cpu(), e, rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("op, stats", [("native_batch_norm", True), ("native_batch_norm", False),
                                        ("_native_batch_norm_legit", True),
                                        ("_native_batch_norm_legit.no_stats", False)])

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from .call import Call
+from .traits import UNBATCHED_3D
 
 
 def correct(call: Call, meta: Any) -> Any:
@@ -79,6 +80,13 @@ def input_layout(call: Call, meta: Any) -> Any:
     first = meta[0] if isinstance(meta, tuple) else meta
     if not isinstance(first, torch.Tensor) or not isinstance(source, torch.Tensor) or source.dim() != first.dim():
         return meta
+    if source.dim() == 4 and call.traits.name in UNBATCHED_3D:  # one volume: channels_last_3d of a batch of one
+        if not source.unsqueeze(0).is_contiguous(memory_format=torch.channels_last_3d) or source.is_contiguous():
+            return meta
+        outputs = meta if isinstance(meta, tuple) else (meta,)
+        laid = tuple(torch.empty((1, *m.shape), dtype=m.dtype, device="meta", memory_format=torch.channels_last_3d)
+                     .squeeze(0) if isinstance(m, torch.Tensor) and m.shape == first.shape else m for m in outputs)
+        return laid if isinstance(meta, tuple) else laid[0]
     # ``suggest_memory_format`` (C++ only): channels-last where the strides are, contiguous where both fit
     layout = next((f for f, n in ((torch.channels_last, 4), (torch.channels_last_3d, 5)) if source.dim() == n
                    and source.is_contiguous(memory_format=f) and not source.is_contiguous()), None)

@@ -73,10 +73,13 @@ CPU_RESULT_TYPE = {"aten::pow"}
 # padding modules (cpu_rules.input_layout); the backward kernels' gradient takes the layout of ``self`` (argument 1).
 CPU_LAYOUT_OF_INPUT = {
     **dict.fromkeys(("aten::reflection_pad2d", "aten::reflection_pad3d", "aten::replication_pad2d",
-                     "aten::replication_pad3d"), 0),
+                     "aten::replication_pad3d", "aten::max_pool3d_with_indices"), 0),
     **dict.fromkeys(("aten::reflection_pad2d_backward", "aten::reflection_pad3d_backward",
                      "aten::replication_pad2d_backward", "aten::replication_pad3d_backward"), 1),
 }
+# Of those, the ones whose 4-D input is one unbatched volume (C, D, H, W): the CPU kernel lays its outputs out as
+# channels_last_3d of the batch of one, where its input is laid out so (test_pooling's test_max_pool3d_ndhwc).
+UNBATCHED_3D = {"aten::max_pool3d_with_indices"}
 # Operators whose CUDA kernel reads its inputs on the host to check them (``.item()``: the host waits), so that a
 # bad value raises at the call, not at a later synchronization: such calls run now (``Route.NOW``). The value says
 # which calls check, from the call (aten/call.py): segment_reduce only without ``unsafe``; histc when it takes its
