@@ -456,6 +456,22 @@ def test_the_suites_time_ratio_counts_only_tests_that_passed_on_both_devices():
     assert matched_seconds(cpu, openreg) == (1.0, 3.0)  # only "a" passed on both
 
 
+def test_the_suites_runner_says_which_test_families_take_openregs_extra_time():
+    """Per file, the families of tests (the method name without its module, OpInfo or dtype parametrization) with
+    the most time beyond the CPU's, over the tests that passed on both, largest first; none where openreg is faster."""
+    from torch_openreg.testing.suites import Run, _family, extra_time
+
+    assert _family("test_modules.TestModule.test_gradgrad_nn_GRU_train_mode_float64") == "test_gradgrad"
+    assert _family("TestScatterGather.test_gather_float32") == "test_gather"
+    assert _family("TestTorch.test_int_repr") == "test_int_repr"  # (an int in the name is not a dtype)
+    names = ["T.test_gradgrad_nn_GRU_float64", "T.test_gradgrad_nn_Linear_float64", "T.test_forward_nn_GRU_float32",
+             "T.test_save_load_nn_GRU_float32", "T.test_to_nn_GRU_float32"]
+    cpu = Run(outcomes=dict.fromkeys(names, "passed"), durations=dict(zip(names, [2.0, 1.0, 0.5, 3.0, 0.1])))
+    openreg = Run(outcomes={**dict.fromkeys(names, "passed"), "T.test_to_nn_GRU_float32": "failure"},
+                  durations=dict(zip(names, [20.0, 4.0, 0.6, 1.0, 9.0])))
+    assert extra_time(cpu, openreg) == [("test_gradgrad", 3.0, 24.0), ("test_forward", 0.5, 0.6)]
+
+
 # test_sort_and_select.py test_stable_sort_against_numpy: index_fill with a CPU index tensor, as CUDA takes it,
 # was refused ("found at least two devices").
 @pytest.mark.parametrize("index", [[3], [], [1, 4]], ids=["one", "empty", "two"])

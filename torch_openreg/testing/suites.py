@@ -149,6 +149,29 @@ def _count(run: Run, outcome: str) -> int:
     return sum(o == outcome for o in run.outcomes.values())
 
 
+def _family(test: str) -> str:
+    """A test's family: its method name without the parametrization that follows a module or OpInfo name
+    (``test_gradgrad_nn_GRU_float64`` -> ``test_gradgrad``) or a dtype (``test_gather_float32`` -> ``test_gather``)."""
+    method = test.rsplit(".", 1)[-1]
+    return _PARAMETRIZED.split(method, 1)[0]
+
+
+_PARAMETRIZED = re.compile(r"_(?=nn_|(?:(?:float|int|uint|bfloat|complex)\d+|bool)(?:_|$))")
+
+
+def extra_time(cpu: Run, openreg: Run, most: int = 5) -> list[tuple[str, float, float]]:
+    """Where openreg's time beyond the CPU's goes: ``(family, cpu seconds, openreg seconds)`` of the test families
+    (:func:`_family`) with the most extra time, over the tests that passed on both, largest first."""
+    families: dict[str, list[float]] = {}
+    for t, o in openreg.outcomes.items():
+        if o == "passed" and cpu.outcomes.get(t) == "passed":
+            times = families.setdefault(_family(t), [0.0, 0.0])
+            times[0] += cpu.durations.get(t, 0.0)
+            times[1] += openreg.durations.get(t, 0.0)
+    ranked = sorted(families.items(), key=lambda item: item[1][0] - item[1][1])
+    return [(name, c, o) for name, (c, o) in ranked[:most] if o > c]
+
+
 def matched_seconds(cpu: Run, openreg: Run) -> tuple[float, float]:
     """The summed own durations, on each device, of the tests that passed on both."""
     both = [t for t, o in openreg.outcomes.items() if o == "passed" and cpu.outcomes.get(t) == "passed"]
@@ -208,6 +231,8 @@ def main(argv: list[str] | None = None) -> int:
         print(rows[-1], flush=True)
         details += [f"- {name}: {kind} `{t}`: {openreg.messages.get(t, '')}"
                     for kind in ("fail", "skip") for t in diff[kind]]
+        details += [f"- {name}: extra time in `{family}`: {c:.2f} s on the CPU, {o:.2f} s on openreg"
+                    for family, c, o in extra_time(cpu, openreg)]
         if same_work:
             same_total = [a + b for a, b in zip(same_total, matched_seconds(same_work[0], openreg))]
             details += [f"- {name}: fails only on the same-work CPU run `{t}`: {same_work[0].messages.get(t, '')}"
