@@ -163,18 +163,21 @@ def extra_time(cpu: Run, openreg: Run, most: int = 5) -> list[tuple[str, float, 
     """Where openreg's time beyond the CPU's goes: ``(family, cpu seconds, openreg seconds)`` of the test families
     (:func:`_family`) with the most extra time, over the tests that passed on both, largest first."""
     families: dict[str, list[float]] = {}
-    for t, o in openreg.outcomes.items():
-        if o == "passed" and cpu.outcomes.get(t) == "passed":
-            times = families.setdefault(_family(t), [0.0, 0.0])
-            times[0] += cpu.durations.get(t, 0.0)
-            times[1] += openreg.durations.get(t, 0.0)
+    for t in _passed_on_both(cpu, openreg):
+        times = families.setdefault(_family(t), [0.0, 0.0])
+        times[0] += cpu.durations.get(t, 0.0)
+        times[1] += openreg.durations.get(t, 0.0)
     ranked = sorted(families.items(), key=lambda item: item[1][0] - item[1][1])
     return [(name, c, o) for name, (c, o) in ranked[:most] if o > c]
 
 
+def _passed_on_both(cpu: Run, openreg: Run) -> list[str]:
+    return [t for t, o in openreg.outcomes.items() if o == "passed" and cpu.outcomes.get(t) == "passed"]
+
+
 def matched_seconds(cpu: Run, openreg: Run) -> tuple[float, float]:
     """The summed own durations, on each device, of the tests that passed on both."""
-    both = [t for t, o in openreg.outcomes.items() if o == "passed" and cpu.outcomes.get(t) == "passed"]
+    both = _passed_on_both(cpu, openreg)
     return sum(cpu.durations.get(t, 0.0) for t in both), sum(openreg.durations.get(t, 0.0) for t in both)
 
 
