@@ -2,9 +2,10 @@
 // call whose out= kernel has run clean is launched here, given what _describe_call returned: its fresh
 // outputs allocated with their host views, the operator's arguments converted once into a stack (by
 // PyTorch's own conversion, torch::jit::argumentToIValue per argument, which createStackForSchema applies
-// to an OpOverload call from Python), and a kernel that runs that stack through the dispatcher queued with Stream.launch. What the
-// plan is, whether it may be launched here and what is returned are decided in Python; the kernel is the
-// same CPU kernel the Python plan's OutKernel calls (call_plans.py), with the same arguments.
+// to an OpOverload call from Python), and a kernel that runs that stack through the dispatcher queued with
+// Stream.launch. What the plan is, whether it may be launched here and what is returned are decided in
+// Python; the kernel is the same CPU kernel the Python plan's OutKernel calls (call_plans.py), with the same
+// arguments.
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/empty_strided.h>
 #include <torch/csrc/autograd/python_variable.h>
@@ -93,7 +94,8 @@ py::object launch_recipe(const Recipe& r, const py::tuple& host_args, const py::
     } else if (PyObject* value = PyDict_GetItem(host_kwargs.ptr(), r.names[i].ptr())) {
       stack.push_back(torch::jit::argumentToIValue(schema, i, value));
     } else {
-      TORCH_CHECK(arguments[i].default_value().has_value(), "openreg: ", schema.name(), " misses ", arguments[i].name());
+      TORCH_CHECK(arguments[i].default_value().has_value(), "openreg: ", schema.name(), " misses ",
+                  arguments[i].name());
       stack.push_back(*arguments[i].default_value());
     }
   }
