@@ -855,6 +855,21 @@ def test_out_resizes_empty_tensor():
     assert_same(out2, torch.full((3,), 4))
 
 
+@pytest.mark.parametrize("name", ["sum", "prod", "mean", "logsumexp"])
+def test_an_empty_out_beside_an_empty_input_is_resized(name):
+    """Both storages hold no bytes (address 0): they share nothing, so the out= is resized as on the CPU.
+    PyTorch's test_reductions test_tensor_reduce_ops_empty: logsumexp (a composite writing into an empty
+    out=) returned shape [0] for a (2, 0, 4) input reduced over dim 1."""
+    x = torch.randn(2, 0, 4)
+    fn = getattr(torch, name)
+    assert_same(fn(x.to(DEV), dim=1), fn(x, dim=1), equal_nan=True)
+    assert_same(fn(x.to(DEV), dim=1, keepdim=True), fn(x, dim=1, keepdim=True), equal_nan=True)
+    out, expected = torch.empty(0, device=DEV), torch.empty(0)
+    fn(x.to(DEV), dim=1, out=out)
+    fn(x, dim=1, out=expected)
+    assert_same(out, expected, equal_nan=True)
+
+
 def test_out_multi_output_and_data_dependent():
     values, indices = torch.empty(0, device=DEV), torch.empty(0, dtype=torch.int64, device=DEV)
     result = torch.topk(A.to(DEV), 2, 1, out=(values, indices))

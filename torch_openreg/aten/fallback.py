@@ -145,12 +145,14 @@ UNKNOWN = object()  # what Choices.run_known gives for a call it has no shortcut
 
 # LITERALINCLUDE START: LAUNCH COPY
 def _unshared_outs(call: Call) -> list[str]:
-    """The call's ``out=`` arguments that share no storage with an input (those that do are written in place)."""
+    """The call's ``out=`` arguments that share no storage with an input (those that do are written in place).
+    A storage of no bytes shares nothing: an empty ``out=`` beside an empty input (both at address 0) is resized."""
     outs = [name for name in call.traits.out_args if call.kwargs.get(name) is not None]
     if not outs:
         return outs
     read = {t.untyped_storage().data_ptr()
             for t in tensors_of(call.args, {k: v for k, v in call.kwargs.items() if k not in outs})}
+    read.discard(0)
     return [name for name in outs
             if not any(t.untyped_storage().data_ptr() in read for t in tensors_of((call.kwargs[name],), {}))]
 
