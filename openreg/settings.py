@@ -50,7 +50,7 @@ PROTECTION_GRANULE = parse_size(os.environ.get("OPENREG_PROTECTION_GRANULE", "0"
 # The PyTorch integration (torch_openreg/)
 FALLBACK_FAST = _flag("OPENREG_FALLBACK_FAST", True)  # the global fallback's accelerations (aten/fast/)
 # planned calls launched in one bridge call (csrc/planned_launch.cpp); the copies and .item() registered from the bridge
-# (csrc/copies.cpp)
+# (csrc/copies.cpp); the device allocator's block cache (csrc/block_cache.cpp)
 CPP_LAUNCH = _flag("OPENREG_CPP_LAUNCH", True)
 LAUNCH_SITES = _flag("OPENREG_LAUNCH_SITES", False)  # profiler: each launch names the Python line that made it
 OCCL_BLOCKING_WAIT = _flag("OCCL_BLOCKING_WAIT", False)  # collectives' Work.wait() blocks the host

@@ -16,9 +16,10 @@ OPENREG_LAUNCH_BLOCKING=1 python -m pytest -q tests/runtime tests/torch/test_str
 OPENREG_FALLBACK_FAST=0 python -m pytest -q tests/torch/test_conformance.py tests/torch/test_autograd.py \
     tests/torch/test_foreach.py tests/torch/test_module_to.py
 # The call plans' Python path, with the C++ launch of clean plans off (docs/fallback.md, "Planned calls launched
-# from the bridge"): the conformance slice, the plans' own tests and the training tests (the whole suite passes both ways).
+# from the bridge") and the allocator without the bridge's block cache (docs/memory.md): the conformance slice, the
+# plans' own tests, the allocator's tests and the training tests (the whole suite passes both ways).
 OPENREG_CPP_LAUNCH=0 python -m pytest -q tests/torch/test_conformance.py tests/torch/test_call_plans.py \
-    tests/torch/test_autograd.py tests/torch/test_module_to.py tests/torch/test_graphs.py
+    tests/torch/test_autograd.py tests/torch/test_module_to.py tests/torch/test_graphs.py tests/torch/test_memory.py
 # The stream sanitizer on (docs/sanitizer.md): correctly ordered programs must pass it without a report
 # (the whole suite does; this is a short slice: the runtime with graphs, streams and events, every copy
 # path with contiguous sources, memory reuse, training; tests/torch/test_sanitizer.py turns it on for

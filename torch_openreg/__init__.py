@@ -39,6 +39,7 @@ torch.utils.generate_methods_for_privateuse1_backend(for_tensor=True, for_module
 # torch.backends.openreg
 from . import amp, aten, backends, compat  # noqa: E402,F401
 from . import multiprocessing as _multiprocessing  # noqa: E402
+from .memory import block_cache as _block_cache  # noqa: E402,F401  (the bridge's block cache, OPENREG_CPP_LAUNCH)
 
 _multiprocessing.install()
 

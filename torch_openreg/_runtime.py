@@ -106,7 +106,9 @@ def record_stream(ptr: int, device: int, stream_id: int) -> None:
 
 def empty_cache() -> None:
     for index in range(openreg.device_count()):
-        _device_allocators[index].empty_cache()
+        allocator(index).empty_cache()  # allocator(): after the bridge's block cache gave its blocks back
+
+
 
 
 def _stats(device: int):
@@ -175,6 +177,41 @@ def set_caching(enabled: bool) -> None:
     global caching
     caching = bool(enabled)
 # LITERALINCLUDE END: BRIDGE ALLOCATOR CHOICE
+
+
+# LITERALINCLUDE START: BRIDGE BLOCK CACHE
+def block_cache_key(device: int) -> int:
+    """For the bridge's block cache (csrc/block_cache.cpp), an allocation on ``device`` (-1: the current
+    device): ``(current stream id + 1) << 16 | device`` when the cache may serve it (with a block held for
+    that stream) and hold its block when freed, else ``device`` alone: the allocation must reach the caching
+    allocator and its free too (another allocator plugged, caching off, memory history recorded, a graph
+    capture or ``use_mem_pool`` routing allocations, the stream sanitizer watching allocations, a forked
+    child)."""
+    if device < 0:
+        device = openreg.get_device()
+    if plugged is not None or not caching or openreg.device.forked():
+        return device
+    found = _device_allocators[device]
+    if found.history is not None or found.routes or openreg.hooks.allocated or openreg.hooks.cached:
+        return device
+    return (openreg.current_stream(device).id + 1) << 16 | device
+
+
+def block_cache_malloc(nbytes: int, device: int) -> tuple[int, int]:
+    """:func:`malloc` for the bridge's block cache: the pointer, and :func:`block_cache_key`'s key."""
+    key = block_cache_key(device)
+    return malloc(nbytes, key & 0xFFFF), key
+
+
+def block_cache_settle(device: int, hits: list[tuple[int, int]], frees: list[int]) -> None:
+    """The block cache's account: ``hits`` (pointer, reuses) happened without the allocator; ``frees`` are
+    the blocks it held, freed now."""
+    found = _device_allocators[device]
+    for ptr, count in hits:
+        found.reused(ptr, count)
+    for ptr in frees:
+        free(ptr)
+# LITERALINCLUDE END: BRIDGE BLOCK CACHE
 
 
 # LITERALINCLUDE START: BRIDGE STREAMS

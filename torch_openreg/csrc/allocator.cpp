@@ -13,6 +13,7 @@
 #include <mutex>
 #include <vector>
 
+#include "block_cache.h"
 #include "bridge.h"
 
 namespace openreg {
@@ -28,9 +29,42 @@ bool free_reported(void* ptr) noexcept;
 namespace {
 
 void free_device(void* ptr) {
+  block_cache_forget(ptr); // a block the cache knew, freed through Python: its reuses are told first
   if (free_reported(ptr)) return; // profile_memory=True: freed by the profiler, which reports it
   call_quietly("free", reinterpret_cast<uintptr_t>(ptr));
 }
+
+// LITERALINCLUDE START: CACHED ALLOCATE
+// The deleter of a block allocated while the block cache was allowed: held for the next allocation of its
+// size on its stream, unless a memory profile reports frees or the cache may not hold it.
+void free_cached(void* ptr) {
+  if (!c10::memoryProfilingEnabled() && block_cache_put(ptr)) return;
+  free_device(ptr);
+}
+
+// The block cache's allocation, by the allocator of device ``fixed`` (-1: the current device). Python's keys
+// say the device, and its current stream + 1 when the cache may hold or serve the block (0: not now). When
+// the cache holds a block of this size, one call asks for the key and a block held for that stream is handed
+// out; else the caching allocator allocates (after the cache has given its blocks back), in one call that
+// also returns the key.
+c10::DataPtr allocate_cached(size_t nbytes, c10::DeviceIndex fixed) {
+  py::gil_scoped_acquire gil;
+  if (block_cache_holds(nbytes)) {
+    auto key = call<int64_t>("block_cache_key", fixed);
+    auto where = static_cast<c10::DeviceIndex>(key & 0xffff);
+    if (key >> 16) {
+      if (void* ptr = block_cache_take(where, (key >> 16) - 1, nbytes)) return {ptr, ptr, &free_cached, device(where)};
+    }
+  }
+  block_cache_flush(fixed);
+  auto [address, key] = call<std::pair<uintptr_t, int64_t>>("block_cache_malloc", nbytes, fixed);
+  void* ptr = reinterpret_cast<void*>(address);
+  auto where = static_cast<c10::DeviceIndex>(key & 0xffff);
+  if (!(key >> 16)) return {ptr, ptr, &free_device, device(where)};
+  block_cache_adopt(ptr, where, (key >> 16) - 1, nbytes);
+  return {ptr, ptr, &free_cached, device(where)};
+}
+// LITERALINCLUDE END: CACHED ALLOCATE
 
 void free_host(void* ptr) { call_quietly("host_free", reinterpret_cast<uintptr_t>(ptr)); }
 
@@ -55,6 +89,7 @@ struct DeviceAllocator final : public c10::DeviceAllocator {
   explicit DeviceAllocator(c10::DeviceIndex fixed = -1) : fixed_(fixed) {}
   c10::DeviceIndex index() const { return fixed_ >= 0 ? fixed_ : call<c10::DeviceIndex>("get_device"); }
   c10::DataPtr allocate(size_t nbytes) override {
+    if (nbytes && block_cache_enabled() && !c10::memoryProfilingEnabled()) return allocate_cached(nbytes, fixed_);
     auto where = index();
     void* ptr = nbytes ? reinterpret_cast<void*>(call<uintptr_t>("malloc", nbytes, where)) : nullptr;
     report_allocation(ptr, where); // profile_memory=True only
@@ -100,6 +135,7 @@ struct DeviceAllocator final : public c10::DeviceAllocator {
   }
 
  private:
+
   c10::DeviceIndex fixed_;
 };
 // LITERALINCLUDE END: DEVICE ALLOCATOR

@@ -36,6 +36,7 @@ void bind_distributed(py::module& m);
 void bind_profiler(py::module& m);
 void bind_planned_launch(py::module& m);
 void bind_copies(py::module& m);
+void bind_block_cache(py::module& m);
 
 // LITERALINCLUDE START: VIEW ADDRESS
 // The runtime's translation from a device pointer to the device's own view of that memory
@@ -225,6 +226,7 @@ PYBIND11_MODULE(_C, m) {
   openreg::bind_profiler(m);
   openreg::bind_planned_launch(m);
   openreg::bind_copies(m);
+  openreg::bind_block_cache(m);
   m.def("_copy_backend_meta", &openreg::copy_backend_meta,
         "clone an openreg tensor's backend metadata onto dst (torch._C._copy_backend_meta of newer PyTorch)");
 }

@@ -285,6 +285,8 @@ class DeviceCachingAllocator:
         with self.lock:
             if ptr not in self.active:
                 return False
+            if bridge_exclude is not None:  # its free must come here, to reach the watcher
+                bridge_exclude(ptr)
             self.watchers.setdefault(ptr, []).append(watcher)
             return True
 
@@ -344,10 +346,19 @@ class DeviceCachingAllocator:
             block = self.active.get(ptr)
             home = block.stream.stream if block is not None and type(block.stream) is PoolStream else None
             if block is not None and stream is not (home or block.stream):
+                if bridge_exclude is not None:  # its free must come here, to wait for that stream
+                    bridge_exclude(ptr)
                 if block.streams is None:
                     block.streams = {stream}
                 else:
                     block.streams.add(stream)
+
+    def reused(self, ptr: int, count: int) -> None:
+        """The bridge's block cache handed the live block at ``ptr`` out again ``count`` times, each time
+        freed by its tensor just before: counted as those frees and allocations."""
+        with self.lock:
+            block = self.active[ptr]
+            self.stats.on_reuse(block.pool, block.size, block.requested, count)
 
     def empty_cache(self) -> None:
         """Give every wholly free segment back to the driver."""
@@ -565,9 +576,21 @@ class DeviceCachingAllocator:
 _allocators: list[DeviceCachingAllocator] = [DeviceCachingAllocator(i) for i in range(openreg.device_count())]
 
 
+# LITERALINCLUDE START: BRIDGE CACHE HOOKS
+# The bridge's block cache (csrc/block_cache.cpp, torch_openreg/memory/block_cache.py) holds freed blocks
+# that this allocator still counts as allocated. Whoever looks at an allocator through allocator() sees it
+# after the cache has given them back; a block used by another stream or watched is freed here, not held.
+bridge_flush: Callable[[int], None] | None = None
+bridge_exclude: Callable[[int], None] | None = None
+
+
 def allocator(device: int) -> DeviceCachingAllocator:
-    """The caching allocator of ``device``."""
-    return _allocators[openreg.device.check_device(device)]
+    """The caching allocator of ``device``, up to date (the bridge's block cache flushed)."""
+    found = _allocators[openreg.device.check_device(device)]
+    if bridge_flush is not None:
+        bridge_flush(found.device)
+    return found
+# LITERALINCLUDE END: BRIDGE CACHE HOOKS
 
 
 _owners: dict[int, DeviceCachingAllocator] = {}  # block pointer -> the allocator that handed it out

@@ -226,6 +226,17 @@ class Stats:
             s.current -= 1
             sb.current -= taken
 
+    def on_reuse(self, pool: int, size: int, requested: int, count: int) -> None:
+        """A block freed and handed out again ``count`` times with nothing between (the bridge's block cache):
+        the totals of both events; current values and peaks stay as they are."""
+        allocation, allocated_bytes, requested_bytes, active, active_bytes = self._hot[pool][:5]
+        allocation[POOL].allocated += count
+        allocated_bytes[POOL].allocated += size * count
+        requested_bytes[POOL].allocated += requested * count
+        if not self.mirrored:
+            active[POOL].allocated += count
+            active_bytes[POOL].allocated += size * count
+
     def on_free(self, pool: int, size: int, requested: int) -> None:
         """A block given back by its tensor while other streams still use it: allocation, allocated
         bytes and requested bytes go down (active ones when it is released)."""
