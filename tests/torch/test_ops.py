@@ -392,6 +392,18 @@ def test_rnn_and_transformer_layers():
     torch.testing.assert_close(enc.openreg()(seq.to(DEV)).cpu(), expected_enc, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("op", [torch.ceil, torch.exp, torch.add, torch.sub])
+def test_a_first_call_warns_once_about_a_resized_output(op):
+    """The meta run's own warning (torch._refs' out= resize warning) is not the caller's: a first call warned
+    twice (PyTorch's test_binary_ufuncs test_out_resize_warning)."""
+    x = torch.arange(6.0, dtype=torch.float64, device=DEV).reshape(2, 3) + 0.5
+    inputs = [x] if op in (torch.ceil, torch.exp) else [x, x]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        op(*inputs, out=torch.empty(5, dtype=torch.float64, device=DEV))
+    assert [str(w.message)[:44] for w in caught] == ["An output with one or more elements was resi"]
+
+
 def test_losses_do_not_warn_about_resized_outputs(capfd):
     """The CPU out= kernels of these losses use ``out`` as scratch space; none of that leaks to the user."""
     a, b = A.to(DEV), B.to(DEV)

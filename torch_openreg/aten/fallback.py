@@ -21,6 +21,7 @@ over; they never change what a call computes.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import torch
@@ -128,7 +129,10 @@ def meta_run(call: Call) -> Any:
     with _C._Unrecorded():
         meta_args, meta_kwargs = call.meta_args()
         try:
-            with _C._WarningRecorder():  # dropped: the CPU kernel gives the caller the operator's warnings
+            # dropped: the CPU kernel gives the caller the operator's warnings (C++ ones from the meta kernels, and
+            # Python ones from torch._refs: its out= resize warning)
+            with _C._WarningRecorder(), warnings.catch_warnings():
+                warnings.simplefilter("ignore")
                 meta = call.op(*meta_args, **meta_kwargs)
         except Exception:
             return NO_META
