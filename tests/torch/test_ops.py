@@ -404,6 +404,18 @@ def test_a_first_call_warns_once_about_a_resized_output(op):
     assert [str(w.message)[:44] for w in caught] == ["An output with one or more elements was resi"]
 
 
+def test_an_out_resized_to_one_element_warns_each_call():
+    """A queued call resizes its out= argument from the meta run's shape (the CPU kernel then sees the right
+    shape and says nothing): openreg warns as resize_output does (test_binary_ufuncs test_out_resize_warning)."""
+    a, b = torch.ones(1, device=DEV), torch.ones(1, 1, device=DEV)
+    for _ in range(3):  # the first call, then planned calls
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.mul(a, b, out=torch.ones(2, 2, 2, 2, device=DEV))
+            torch.mul(a, b, out=torch.empty(0, device=DEV))  # no elements: resized silently
+        assert [str(w.message)[:44] for w in caught] == ["An output with one or more elements was resi"]
+
+
 def test_losses_do_not_warn_about_resized_outputs(capfd):
     """The CPU out= kernels of these losses use ``out`` as scratch space; none of that leaks to the user."""
     a, b = A.to(DEV), B.to(DEV)
@@ -1091,3 +1103,38 @@ def test_peer_copy_waits_for_source_work(two_devices):
     expected = y.cpu()
     y2 = (y + 0).to("openreg:1")
     torch.testing.assert_close(y2.cpu(), expected)
+
+
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64])
+@pytest.mark.parametrize("fn", [torch.fmod, torch.remainder])
+def test_integer_division_by_zero_gives_cudas_values(fn, dtype):
+    """The CPU raises ZeroDivisionError; CUDA returns a fixed pattern, which PyTorch's test_binary_ufuncs
+    (test_fmod_remainder_by_zero_integral) asserts for every non-CPU device: openreg gives it."""
+    x = torch.arange(-9 if dtype.is_signed else 0, 9, dtype=dtype).reshape(-1, 1).expand(-1, 4).contiguous()
+    y = torch.tensor([0, 2, 0, 3], dtype=dtype)
+    got = fn(x.to(DEV), y.to(DEV)).cpu()
+    nonzero = y != 0
+    torch.testing.assert_close(got[:, nonzero], fn(x[:, nonzero], y[nonzero]))
+    if dtype == torch.int64:
+        expected = torch.where(x[:, :1] < 0, -1, 4294967295).expand(-1, 2)
+    else:
+        expected = torch.full((x.size(0), 2), 255 if dtype == torch.uint8 else -1, dtype=dtype)
+    torch.testing.assert_close(got[:, ~nonzero], expected.to(dtype))
+    # in place (x's own sign decides int64's pattern), a scalar zero divisor, out=
+    inplace = x.to(DEV)
+    getattr(inplace, fn.__name__ + "_")(y.to(DEV))
+    torch.testing.assert_close(inplace.cpu(), got)
+    torch.testing.assert_close(fn(x.to(DEV), 0).cpu()[:, 0], got[:, 0])
+    out = torch.empty(0, dtype=dtype, device=DEV)
+    fn(x.to(DEV), y.to(DEV), out=out)
+    torch.testing.assert_close(out.cpu(), got)
+
+
+def test_integer_division_by_zero_queued_raises_nothing_later():
+    x, y = torch.arange(-5, 5, device=DEV), torch.zeros(10, dtype=torch.int64, device=DEV)
+    results = [torch.remainder(x, y) for _ in range(20)] + [torch.remainder(7, y)]
+    torch.openreg.synchronize()
+    assert all(r.cpu().tolist() == results[0].cpu().tolist() for r in results[:-1])
+    assert results[-1].cpu().tolist() == [4294967295] * 10
+    floats = torch.fmod(x.double(), y.double()).cpu()  # floating point: NaN, as on the CPU
+    assert floats.isnan().all()

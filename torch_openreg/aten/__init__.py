@@ -18,6 +18,7 @@ from . import (  # noqa: F401  (custom_ops registers on import)
     custom_ops,
     examples,
     fallback,
+    integer_division,
     nested,
     quantized,
     quantized_dynamic,
@@ -63,6 +64,11 @@ _aten.impl("mode.values", functools.partial(fallback.fallback, torch.ops.aten.mo
 # slower generic loop (docs/performance.md, "The CPU's own kernel choice"). Route relu the way the CPU does.
 _aten.impl("relu", lambda x: fallback.fallback(torch.ops.aten.clamp_min.default, x, 0), "PrivateUse1")
 _aten.impl("relu_", lambda x: fallback.fallback(torch.ops.aten.clamp_min_.default, x, 0), "PrivateUse1")
+
+# Integer fmod/remainder by zero: CUDA's values, not the CPU's ZeroDivisionError (integer_division.py)
+for _name in integer_division.OVERLOADS:
+    _packet, _overload = _name.split(".")
+    _aten.impl(_name, integer_division.kernel_for(getattr(getattr(torch.ops.aten, _packet), _overload)), "PrivateUse1")
 
 _global = torch.library.Library("_", "IMPL")
 _global.fallback(fallback.fallback, "PrivateUse1")

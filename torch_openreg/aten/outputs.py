@@ -7,6 +7,7 @@ outputs (the mechanism's kernels, the call plans and the accelerations in ``fast
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import torch
@@ -31,8 +32,9 @@ def outputs(call: Any) -> list:
                                                                         base.is_conj(), base.is_neg())))
         else:
             real = call.value(ret.arg)
+            warn = any(call.traits.positions[n] == ret.arg for n in call.traits.out_args)
             for r, mm in ((real, m),) if isinstance(real, torch.Tensor) else zip(real, m):
-                fit_to(r, mm)
+                fit_to(r, mm, warn)
             outs.append(real)
     return outs
 
@@ -49,10 +51,21 @@ def device_view(base: torch.Tensor, like: torch.Tensor, offset: int, device: tor
     return torch._neg_view(view) if neg else view
 
 
-def fit_to(real: torch.Tensor, m: torch.Tensor) -> bool:
+RESIZE_WARNING = (
+    "An output with one or more elements was resized since it had shape {}, which does not match the required "
+    "output shape {}. This behavior is deprecated, and in a future PyTorch release outputs will not be resized "
+    "unless they have zero elements. You can explicitly reuse an out tensor t by resizing it, inplace, to zero "
+    "elements with t.resize_(0)."
+)
+
+
+def fit_to(real: torch.Tensor, m: torch.Tensor, warn: bool = False) -> bool:
     """Give an ``out=``/in-place argument the shape and strides the operator gives it (resizing storage);
-    returns whether it already had them (False: it was resized)."""
+    returns whether it already had them (False: it was resized). ``warn``: an ``out=`` argument resized here
+    rather than by the CPU kernel, which warns as ``at::native::resize_output`` does when it had elements."""
     if real.size() != m.size() or (real.numel() > 1 and real.stride() != m.stride()):
+        if warn and real.numel() and real.size() != m.size():
+            warnings.warn(RESIZE_WARNING.format(list(real.size()), list(m.size())), UserWarning, stacklevel=2)
         real.set_(real.untyped_storage(), real.storage_offset(), m.size(), m.stride())
         return False
     return True
