@@ -1138,3 +1138,33 @@ def test_integer_division_by_zero_queued_raises_nothing_later():
     assert results[-1].cpu().tolist() == [4294967295] * 10
     floats = torch.fmod(x.double(), y.double()).cpu()  # floating point: NaN, as on the CPU
     assert floats.isnan().all()
+
+
+def test_integer_division_by_zero_into_a_narrower_result_keeps_the_low_bits():
+    """In place on int16 with an int64 divisor: computed in int64 (4294967295 for a non-negative dividend), cast
+    to int16 as CUDA casts (-1); PyTorch's test_type_promotion_fmod."""
+    x = torch.tensor([5, -3], dtype=torch.int16, device=DEV)
+    x.fmod_(torch.zeros(2, dtype=torch.int64, device=DEV))
+    assert x.cpu().tolist() == [-1, -1]
+    out = torch.empty(2, dtype=torch.float64, device=DEV)
+    torch.remainder(torch.tensor([5, -3], device=DEV), torch.zeros(2, dtype=torch.int64, device=DEV), out=out)
+    assert out.cpu().tolist() == [4294967295.0, -1.0]
+
+
+@pytest.mark.parametrize("base", [0.5j, 1.0 + 1.0j, 2.2 - 1.6j, 1 + 0j])
+def test_pow_with_a_complex_half_result_computes_as_cuda(base):
+    """The CPU has no ComplexHalf pow; CUDA computes it in complex64 and rounds (test_binary_ufuncs'
+    test_complex_scalar_pow_tensor and test_pow for float16)."""
+    x = torch.linspace(-2, 2, 50).half()
+    expected = torch.pow(base, x.float()).to(torch.complex32)
+    got = torch.pow(base, x.to(DEV))
+    assert got.dtype == torch.complex32
+    torch.testing.assert_close(got.cpu().to(torch.complex64), expected.to(torch.complex64))
+    z = expected.to(DEV)
+    torch.testing.assert_close((z ** 2).cpu().to(torch.complex64), (expected.to(torch.complex64) ** 2).to(
+        torch.complex32).to(torch.complex64))
+    inplace = z.clone()
+    inplace.pow_(z)
+    torch.testing.assert_close(inplace.cpu().to(torch.complex64), (z ** z).cpu().to(torch.complex64))
+    with pytest.raises(RuntimeError, match="can't be cast to the desired output type"):
+        torch.pow(z, 2, out=torch.empty(50, device=DEV))

@@ -14,6 +14,7 @@ from openreg.settings import CPP_LAUNCH
 from torch_openreg import _C
 
 from . import (  # noqa: F401  (custom_ops registers on import)
+    complex_half,
     copy,
     custom_ops,
     examples,
@@ -65,10 +66,12 @@ _aten.impl("mode.values", functools.partial(fallback.fallback, torch.ops.aten.mo
 _aten.impl("relu", lambda x: fallback.fallback(torch.ops.aten.clamp_min.default, x, 0), "PrivateUse1")
 _aten.impl("relu_", lambda x: fallback.fallback(torch.ops.aten.clamp_min_.default, x, 0), "PrivateUse1")
 
-# Integer fmod/remainder by zero: CUDA's values, not the CPU's ZeroDivisionError (integer_division.py)
-for _name in integer_division.OVERLOADS:
-    _packet, _overload = _name.split(".")
-    _aten.impl(_name, integer_division.kernel_for(getattr(getattr(torch.ops.aten, _packet), _overload)), "PrivateUse1")
+# Integer fmod/remainder by zero: CUDA's values, not the CPU's ZeroDivisionError (integer_division.py); pow with a
+# ComplexHalf result, which CUDA computes and the CPU lacks (complex_half.py)
+for _module in (integer_division, complex_half):
+    for _name in _module.OVERLOADS:
+        _packet, _overload = _name.split(".")
+        _aten.impl(_name, _module.kernel_for(getattr(getattr(torch.ops.aten, _packet), _overload)), "PrivateUse1")
 
 _global = torch.library.Library("_", "IMPL")
 _global.fallback(fallback.fallback, "PrivateUse1")

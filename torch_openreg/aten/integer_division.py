@@ -35,6 +35,16 @@ def _pattern(dtype: torch.dtype) -> int:
     return (1 << (torch.iinfo(dtype).bits)) - 1
 
 
+def _as(value: int, dtype: torch.dtype) -> int:
+    """``value`` of the computation's dtype as the result's (an in-place or out= result may be narrower: CUDA
+    casts, keeping the low bits)."""
+    if dtype.is_floating_point or dtype.is_complex or dtype == torch.bool:
+        return value
+    bits = torch.iinfo(dtype).bits
+    value &= (1 << bits) - 1
+    return value - (1 << bits) if dtype.is_signed and value >> (bits - 1) else value
+
+
 def kernel_for(op: torch._ops.OpOverload) -> Any:
     """The PrivateUse1 kernel of ``op`` (one of :data:`OVERLOADS`)."""
 
@@ -56,10 +66,10 @@ def kernel_for(op: torch._ops.OpOverload) -> Any:
                     ) if dtype == torch.int64 else None
         result = fallback(op, self, safe, **given)
         if negative is None:
-            result.masked_fill_(zero, _pattern(dtype))
+            result.masked_fill_(zero, _as(_pattern(dtype), result.dtype))
         else:
-            result.masked_fill_(zero & negative, -1)
-            result.masked_fill_(zero & ~negative, (1 << 32) - 1)
+            result.masked_fill_(zero & negative, _as(-1, result.dtype))
+            result.masked_fill_(zero & ~negative, _as((1 << 32) - 1, result.dtype))
         return result
 
     return kernel
