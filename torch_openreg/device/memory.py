@@ -19,7 +19,7 @@ import torch
 
 import openreg
 from torch_openreg import _runtime
-from torch_openreg.memory import allocator, host_allocator
+from torch_openreg.memory import allocator, caching_allocator, host_allocator
 from torch_openreg.memory.history import History
 from torch_openreg.memory.pluggable import PluggableAllocator
 
@@ -321,6 +321,8 @@ def caching_allocator_alloc(size: int, device: Any = None, stream: Any = None) -
         raise TypeError("Invalid type for stream argument, must be `torch.openreg.Stream` or `int` naming a stream")
     if runtime_stream.device != index:
         raise ValueError(f"stream {runtime_stream} is not on openreg:{index}")
+    if caching_allocator.bridge_flush is not None:  # the block cache's blocks back first, as for any allocation
+        caching_allocator.bridge_flush(index)
     return _runtime._device_allocators[index].malloc(size, runtime_stream) if size else 0
 
 
