@@ -210,3 +210,25 @@ def test_sparse_training_leaves_no_memory_behind(no_leak):
 def test_bad_input_and_unsupported_operators_fail_clearly(bad, error, match, no_leak):
     with pytest.raises(error, match=match):
         bad()
+
+
+def test_compressed_results_that_change_the_number_of_elements_in_place_and_out():
+    """A CPU kernel that adds specified elements resizes its output's parts, which host views of device memory
+    cannot be (PyTorch's test_sparse_csr test_sparse_add: "Trying to resize storage that is not resizable")."""
+    layout = torch.sparse_csr  # the CPU adds CSR only
+    a, b = DENSE.to_sparse(layout=layout), (DENSE.T @ DENSE)[:3].to_sparse(layout=layout)
+    got = a.to(DEV)
+    got.add_(b.to(DEV))
+    _same(got, a.clone().add_(b))
+    out = torch.eye(3, 4).to_sparse(layout=layout).to(DEV)
+    result = torch.add(a.to(DEV), b.to(DEV), alpha=0.5, out=out)
+    assert result is out
+    _same(out, torch.add(a, b, alpha=0.5, out=torch.eye(3, 4).to_sparse(layout=layout)))
+
+
+def test_a_batched_compressed_view_stays_on_the_device():
+    """select of a batch dimension returns a compressed view of the input's parts: rebuilt on openreg (its
+    factory was not told the device and refused openreg parts: test_sparse_csr test_select)."""
+    crow, col = torch.tensor([0, 1, 2, 2]).repeat(2, 3, 1), torch.tensor([1, 3]).repeat(2, 3, 1)
+    s = torch.sparse_csr_tensor(crow, col, torch.arange(12.0).reshape(2, 3, 2), size=(2, 3, 3, 4))
+    _same(s.to(DEV).select(1, 2), s.select(1, 2))

@@ -73,7 +73,15 @@ def _run(op, traits: OpTraits, args: tuple, kwargs: dict, on_host, parts, valida
     kinds = [ret.kind for ret in traits.returns]
     written = [p for ret in traits.returns if ret.kind is Kind.INPLACE
                for p in parts(traits.value(args, kwargs, ret.arg))]
-    results = run_sync(device.index, _kernel, op, on_host(args), {k: on_host(v) for k, v in kwargs.items()},
+    host_args, host_kwargs = list(on_host(args)), {k: on_host(v) for k, v in kwargs.items()}
+    for ret in traits.returns:  # a compressed in-place/out= argument: the kernel writes a host-owned copy
+        if ret.kind is Kind.INPLACE and traits.value(args, kwargs, ret.arg).layout in _COMPRESSED:
+            if ret.arg < len(host_args):
+                host_args[ret.arg] = _Owned(host_args[ret.arg])
+            else:
+                name = next(n for n, i in traits.positions.items() if i == ret.arg)
+                host_kwargs[name] = _Owned(host_kwargs[name])
+    results = run_sync(device.index, _kernel, op, tuple(host_args), host_kwargs,
                        kinds, parts, validate, tensors=extents, writes=written, name=op.name(),
                        host_sync=traits.host_waits)
     if results is None:
@@ -83,6 +91,8 @@ def _run(op, traits: OpTraits, args: tuple, kwargs: dict, on_host, parts, valida
         if ret.kind is Kind.INPLACE:
             target = traits.value(args, kwargs, ret.arg)
             if r is not None:  # its parts were replaced: the new ones are host memory, copied in
+                if target.layout in _COMPRESSED:  # copy_ of a compressed layout needs the same nnz
+                    target.resize_as_sparse_(r)
                 target.copy_(r)
             final.append(target)
         elif ret.kind is Kind.FRESH or not isinstance(r, torch.Tensor):
@@ -106,10 +116,27 @@ def _on_device(part: torch.Tensor, device_parts: list[torch.Tensor], device: tor
     return part.to(device)
 
 
+_COMPRESSED = (torch.sparse_csr, torch.sparse_csc, torch.sparse_bsr, torch.sparse_bsc)
+
+
+class _Owned:
+    """A compressed sparse in-place or ``out=`` argument's host form, which the kernel gets as a host-owned copy:
+    a CPU kernel that changes the number of specified elements (``add_``, ``add(out=)``) resizes its parts,
+    which host views of device memory cannot be; the result is copied back after (``resize_as_sparse_`` and
+    ``copy_``)."""
+
+    __slots__ = ("host",)
+
+    def __init__(self, host: torch.Tensor) -> None:
+        self.host = host
+
+
 def _kernel(op, args, kwargs, kinds: list[Kind], parts, validate) -> list | None:
     """The launched kernel: the CPU operator; then its fresh results made host-owned wherever they still point
     into device memory (views of an input stay views, mapped back to device memory after); ``None`` for an
     in-place result written through the host views alone."""
+    args = tuple(a.host.clone() if type(a) is _Owned else a for a in args)
+    kwargs = {k: v.host.clone() if type(v) is _Owned else v for k, v in kwargs.items()}
     given = device_tensors(args, kwargs)
     if validate is not None:
         for t in given:

@@ -167,7 +167,9 @@ def _rebuild(host: torch.Tensor, on_device) -> torch.Tensor:
     if host.layout == torch.sparse_coo:
         return torch.ops.aten._sparse_coo_tensor_unsafe(*parts, host.shape, dtype=host.dtype,
                                                          is_coalesced=host.is_coalesced())
-    return torch.ops.aten._sparse_compressed_tensor_unsafe(*parts, host.shape, dtype=host.dtype, layout=host.layout)
+    # the device named: without it the factory makes a CPU tensor around openreg components (and refuses them)
+    return torch.ops.aten._sparse_compressed_tensor_unsafe(*parts, host.shape, dtype=host.dtype, layout=host.layout,
+                                                           device=parts[-1].device)
 
 
 def _host_path(op, traits: OpTraits, args: tuple, kwargs: dict) -> Any:
