@@ -241,3 +241,33 @@ def test_switched_off_by_the_setting():
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "(False, 0)"
+
+
+def test_each_device_reuses_its_own_blocks():
+    if dev.device_count() < 2:
+        pytest.skip("needs two openreg devices")
+    first = hits()
+    y = torch.empty(1000, device="openreg:1")
+    ptr = y.data_ptr()
+    del y
+    z = torch.empty(1000, device="openreg:0")  # device 0: not device 1's held block
+    assert z.data_ptr() != ptr and hits() == first
+    w = torch.empty(1000, device="openreg:1")
+    assert w.data_ptr() == ptr and w.device == torch.device("openreg", 1)
+    del z, w
+    assert dev.memory_allocated(1) == 0
+
+
+def test_a_held_block_is_free_memory_for_the_next_allocation_of_another_size():
+    """Held blocks go back before the allocator runs: memory only they take is not out of memory."""
+    capacity = dev.get_device_properties(0).total_memory
+    dev.set_per_process_memory_fraction((64 << 20) / capacity, 0)
+    try:
+        a = torch.empty(40 << 20, dtype=torch.uint8, device="openreg")
+        del a  # held by the cache: 40 MiB of the 64 allowed
+        b = torch.empty(48 << 20, dtype=torch.uint8, device="openreg")  # fits only once the 40 MiB are back
+        assert dev.memory_allocated(0) == 48 << 20
+        del b
+    finally:
+        dev.set_per_process_memory_fraction(1.0, 0)
+        dev.empty_cache()
