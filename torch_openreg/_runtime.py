@@ -109,8 +109,6 @@ def empty_cache() -> None:
         allocator(index).empty_cache()  # allocator(): after the bridge's block cache gave its blocks back
 
 
-
-
 def _stats(device: int):
     if plugged is not None:
         raise RuntimeError("OpenRegPluggableAllocator does not keep memory statistics (as CUDA's pluggable "

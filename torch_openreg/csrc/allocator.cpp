@@ -135,7 +135,6 @@ struct DeviceAllocator final : public c10::DeviceAllocator {
   }
 
  private:
-
   c10::DeviceIndex fixed_;
 };
 // LITERALINCLUDE END: DEVICE ALLOCATOR

@@ -130,7 +130,8 @@ class GivenOut(Plan):
         for ret, m in zip(traits.returns, metas):
             warn = any(traits.positions[n] == ret.arg for n in traits.out_args)
             for real, mm in output_pairs(call.value(ret.arg), m):
-                self.cacheable &= fit_to(real, mm, warn)  # a resize depends on more than the call shape: not remembered
+                # a resize depends on more than the call shape: not remembered
+                self.cacheable &= fit_to(real, mm, warn)
 
     def prepare(self, host_args, host_kwargs, extents, args, kwargs) -> tuple[list, OutKernel]:
         outs = [self.traits.value(args, kwargs, ret.arg) for ret in self.traits.returns]
