@@ -271,3 +271,15 @@ def test_a_held_block_is_free_memory_for_the_next_allocation_of_another_size():
     finally:
         dev.set_per_process_memory_fraction(1.0, 0)
         dev.empty_cache()
+
+
+def test_peaks_stay_exact_while_a_profiler_records_memory():
+    """While a profile records memory every allocation goes to the allocator (each is reported with its
+    totals), after the held blocks went back: the peak is the 2 MiB live at once, not 3."""
+    dev.reset_peak_memory_stats(0)
+    a = torch.empty(1 << 18, device="openreg")  # 1 MiB
+    del a  # held
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True):
+        b = torch.empty(1 << 19, device="openreg")  # 2 MiB
+        del b
+    assert dev.max_memory_allocated(0) == 2 << 20

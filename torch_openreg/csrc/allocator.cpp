@@ -89,7 +89,10 @@ struct DeviceAllocator final : public c10::DeviceAllocator {
   explicit DeviceAllocator(c10::DeviceIndex fixed = -1) : fixed_(fixed) {}
   c10::DeviceIndex index() const { return fixed_ >= 0 ? fixed_ : call<c10::DeviceIndex>("get_device"); }
   c10::DataPtr allocate(size_t nbytes) override {
-    if (nbytes && block_cache_enabled() && !c10::memoryProfilingEnabled()) return allocate_cached(nbytes, fixed_);
+    if (nbytes && block_cache_enabled()) {
+      if (!c10::memoryProfilingEnabled()) return allocate_cached(nbytes, fixed_);
+      block_cache_flush(fixed_); // a memory profile reports every allocation: the allocator serves it, exact
+    }
     auto where = index();
     void* ptr = nbytes ? reinterpret_cast<void*>(call<uintptr_t>("malloc", nbytes, where)) : nullptr;
     report_allocation(ptr, where); // profile_memory=True only
