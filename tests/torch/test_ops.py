@@ -1166,5 +1166,7 @@ def test_pow_with_a_complex_half_result_computes_as_cuda(base):
     inplace = z.clone()
     inplace.pow_(z)
     torch.testing.assert_close(inplace.cpu().to(torch.complex64), (z ** z).cpu().to(torch.complex64))
-    with pytest.raises(RuntimeError, match="can't be cast to the desired output type"):
+    with pytest.raises(RuntimeError, match="can't be cast to the desired output type Float$"):
         torch.pow(z, 2, out=torch.empty(50, device=DEV))
+    with pytest.raises(RuntimeError, match="can't be cast to the desired output type Long$"):
+        torch.pow(z, 2, out=torch.empty(50, dtype=torch.int64, device=DEV))

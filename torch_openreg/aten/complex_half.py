@@ -30,7 +30,8 @@ _WIDER = {torch.complex32: torch.complex64, torch.float16: torch.float32, torch.
 
 # LITERALINCLUDE START: COMPLEX HALF POW
 def _name(dtype: torch.dtype) -> str:
-    return {torch.float32: "Float", torch.float64: "Double", torch.float16: "Half"}.get(dtype, str(dtype))
+    """c10's name of ``dtype`` (``Long``, ``ComplexFloat``), as PyTorch's errors say it."""
+    return torch.empty(0, dtype=dtype).type().removeprefix("torch.").removesuffix("Tensor")
 
 
 def _widen(value: Any) -> Any:
