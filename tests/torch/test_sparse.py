@@ -232,3 +232,14 @@ def test_a_batched_compressed_view_stays_on_the_device():
     crow, col = torch.tensor([0, 1, 2, 2]).repeat(2, 3, 1), torch.tensor([1, 3]).repeat(2, 3, 1)
     s = torch.sparse_csr_tensor(crow, col, torch.arange(12.0).reshape(2, 3, 2), size=(2, 3, 3, 4))
     _same(s.to(DEV).select(1, 2), s.select(1, 2))
+
+
+@pytest.mark.parametrize("layout,blocksize", [(torch.sparse_csr, None), (torch.sparse_csc, None),
+                                              (torch.sparse_bsr, (1, 2)), (torch.sparse_bsc, (1, 2))])
+def test_compressed_in_place_operators_write_their_values(layout, blocksize):
+    """An in-place operator that keeps the structure (mul_ by a scalar) writes the values of the host-owned copy
+    the kernel computed in: they were dropped (PyTorch's test_sparse_csr test_mul_scalar)."""
+    s = DENSE.to_sparse(layout=layout, blocksize=blocksize) if blocksize else DENSE.to_sparse(layout=layout)
+    got = s.to(DEV)
+    assert got.mul_(2.5) is got
+    _same(got, s.clone().mul_(2.5))

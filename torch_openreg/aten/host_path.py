@@ -135,13 +135,15 @@ def _kernel(op, args, kwargs, kinds: list[Kind], parts, validate) -> list | None
     """The launched kernel: the CPU operator; then its fresh results made host-owned wherever they still point
     into device memory (views of an input stay views, mapped back to device memory after); ``None`` for an
     in-place result written through the host views alone."""
-    args = tuple(a.host.clone() if type(a) is _Owned else a for a in args)
-    kwargs = {k: v.host.clone() if type(v) is _Owned else v for k, v in kwargs.items()}
-    given = device_tensors(args, kwargs)
+    # the host forms over device memory (an _Owned one's too), then the call's arguments: its copies in their place
+    given = device_tensors(tuple(a.host if type(a) is _Owned else a for a in args),
+                           {k: v.host if type(v) is _Owned else v for k, v in kwargs.items()})
     if validate is not None:
         for t in given:
             validate(t)
     device_memory = {p.untyped_storage().data_ptr() for t in given for p in parts(t)}
+    args = tuple(a.host.clone() if type(a) is _Owned else a for a in args)
+    kwargs = {k: v.host.clone() if type(v) is _Owned else v for k, v in kwargs.items()}
     # Grad mode as the CPU kernel would see it below autograd (the kernel scope excludes the autograd keys, so
     # nothing records history): some layout kernels keep what their backward needs only when it is on and an
     # input requires grad (``_sparse_mm_reduce_impl``'s argmax indices), and the host forms mirror requires_grad.
