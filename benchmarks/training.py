@@ -50,17 +50,37 @@ def models(quick: bool) -> dict[str, Callable[[str], Callable[[], object]]]:
         x = torch.randn(16 // scale, 128, 256).to(device)
         return lambda: _step(model, opt, x, x, nn.functional.mse_loss)
 
+    def gradient_penalty(device):
+        # many small operators through the autograd engine's device thread, twice (PyTorch's test_modules
+        # gradgrad checks are this shape): a GRU whose loss has a gradient penalty, so backward is double
+        torch.manual_seed(0)
+        model = nn.GRU(8, 8, num_layers=2).to(device, torch.float64)
+        opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+        x = torch.randn(5, 2, 8, dtype=torch.float64).to(device).requires_grad_()
+        return lambda: _penalty_step(model, opt, x)
+
     return {"MLP (3x1024, batch 256, SGD)": mlp, "CNN (2 conv, batch 64, SGD)": cnn,
             "Transformer (2 layers, d256, seq 128, batch 16, Adam)": transformer,
             f"ResNet-18 (batch {batch}, 3x{size}x{size}, SGD momentum)": resnet,
             f"ResNet-18 channels_last (batch {batch}, 3x{size}x{size}, SGD momentum)":
                 lambda device: resnet(device, torch.channels_last),
-            "CNN (2 conv, batch 1, SGD)": lambda device: cnn(device, 1)}
+            "CNN (2 conv, batch 1, SGD)": lambda device: cnn(device, 1),
+            "GRU with a gradient penalty (double backward, float64, 2x8, seq 5)": gradient_penalty}
 
 
 def _step(model, opt, x, y, loss_fn) -> torch.Tensor:
     opt.zero_grad(set_to_none=True)
     loss = loss_fn(model(x), y)
+    loss.backward()
+    opt.step()
+    return loss
+
+
+def _penalty_step(model, opt, x) -> torch.Tensor:
+    opt.zero_grad(set_to_none=True)
+    out, _ = model(x)
+    (grad,) = torch.autograd.grad(out.square().sum(), x, create_graph=True)
+    loss = out.mean() + grad.square().sum()
     loss.backward()
     opt.step()
     return loss

@@ -284,7 +284,22 @@ def set_stream(stream: Stream) -> Stream:
     if current is None:
         current = _local.streams = {}
     current[stream.device] = stream
+    if _current_listener is not None:
+        _current_listener(stream.device, stream.id)
     return previous
+
+
+# LITERALINCLUDE START: CURRENT STREAM LISTENER
+# Told of every change of a thread's current stream, on that thread: (device, stream id). A client that keeps
+# its own copy of the current streams (the torch bridge's device guard) stays exact without asking.
+_current_listener: Callable[[int, int], None] | None = None
+
+
+def set_current_listener(fn: Callable[[int, int], None] | None) -> None:
+    """Make ``fn(device, stream_id)`` hear of each thread's current-stream changes (None: nobody)."""
+    global _current_listener
+    _current_listener = fn
+# LITERALINCLUDE END: CURRENT STREAM LISTENER
 
 
 def get_stream(device: int, stream_id: int) -> Stream:

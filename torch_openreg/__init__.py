@@ -27,6 +27,9 @@ _errors.install()  # driver errors are torch.AcceleratorError too, as CUDA's are
 import openreg  # noqa: E402
 
 openreg.memory.add_view_listener(_C._set_views)  # host views of device tensors are built in C++: it translates too
+if openreg.settings.CPP_LAUNCH:  # the device guard answers from its copy of each thread's current streams
+    openreg.stream.set_current_listener(_C._current_stream_changed)
+    _C._know_current_streams(True)
 
 torch.utils.rename_privateuse1_backend("openreg")
 

@@ -176,3 +176,29 @@ def test_a_kernel_that_uses_its_output_as_scratch_space_keeps_the_python_plan(py
     plans = call_plans._ops[torch.ops.aten.mse_loss.default].plans.values()
     assert plans and not any(p.recipe for p in plans)
     assert "aten::mse_loss" in python_plan_runs
+
+
+def test_queued_planned_calls_keep_no_python_tensors(python_plan_runs, asynchronous):
+    """A queued planned call holds its arguments' host views in C++ only: a host view shared with the Python
+    object made for it would keep that object alive until the kernel runs (PyTorch preserves a tensor's Python
+    object while C++ holds it), so a long queue would fill the garbage collector's generations with tensors."""
+    import gc
+    import threading
+
+    import openreg
+
+    a, b = torch.randn(3, 6, device=DEV), torch.randn(6, 3, device=DEV)
+    for _ in range(3):
+        torch.mm(a, b).add(1.0)  # the call shapes' first calls: checked, then planned
+    torch.openreg.synchronize()
+    gate = threading.Event()
+    openreg.current_stream(0).launch(lambda: gate.wait(10), name="gate")  # every call below stays queued
+    python_plan_runs.clear()
+    before = sum(type(o) is torch.Tensor for o in gc.get_objects())
+    kept = [torch.mm(a, b).add(1.0) for _ in range(200)]
+    queued = sum(type(o) is torch.Tensor for o in gc.get_objects()) - before
+    gate.set()
+    assert python_plan_runs == []  # launched from the bridge
+    assert queued <= len(kept) + 10, queued  # the results only (not 2-3 host views per queued call)
+    torch.openreg.synchronize()
+    torch.testing.assert_close(kept[-1].cpu(), a.cpu() @ b.cpu() + 1)

@@ -137,6 +137,58 @@ def test_current_stream_is_per_thread():
     assert torch.openreg.current_stream() == s
 
 
+def test_device_guard_and_runtime_agree_on_current_streams(two_devices):
+    """PyTorch's device guard (torch.accelerator, the autograd engine) keeps a copy of each thread's current
+    streams: a change made in the runtime, through the guard, on another thread or device shows on both sides."""
+    s1, s2, other = torch.openreg.Stream(), torch.openreg.Stream(), torch.openreg.Stream(1)
+    default = torch.openreg.default_stream()
+    assert torch.accelerator.current_stream() == default  # the guard learns the default stream
+    try:
+        openreg.set_stream(runtime_stream(s1))  # changed in the runtime
+        assert torch.accelerator.current_stream() == s1
+        torch.accelerator.set_stream(s2)  # changed through the guard
+        assert openreg.current_stream(0).id == s2.stream_id
+        torch.accelerator.set_stream(s2)  # again: nothing changes
+        assert openreg.current_stream(0).id == s2.stream_id
+        torch.accelerator.set_stream(other)  # another device: its own stream, and the current device
+        assert openreg.current_stream(1).id == other.stream_id and openreg.current_stream(0).id == s2.stream_id
+        torch.openreg.set_device(0)
+        seen = []
+
+        def elsewhere() -> None:
+            seen.append(torch.accelerator.current_stream().stream_id)  # this thread's: the default
+            torch.accelerator.set_stream(s1)
+            seen.append(openreg.current_stream(0).id)
+
+        thread = threading.Thread(target=elsewhere)
+        thread.start()
+        thread.join()
+        assert seen == [0, s1.stream_id]
+        assert torch.accelerator.current_stream() == s2  # this thread's unchanged
+    finally:
+        openreg.set_stream(runtime_stream(default))
+        openreg.set_stream(runtime_stream(torch.openreg.default_stream(1)))
+    assert torch.accelerator.current_stream() == default
+
+
+def test_backward_runs_on_the_forward_stream(launches):
+    """As on CUDA, each backward operator runs on the stream its forward operator ran on: the autograd engine
+    sets that stream around every node through the device guard."""
+    s = torch.openreg.Stream()
+    x = torch.randn(64, dtype=torch.float64, device="openreg", requires_grad=True)
+    with torch.openreg.stream(s):
+        y = x.sin().exp()
+    torch.openreg.current_stream().wait_stream(s)
+    launches.clear()
+    y.sum().backward()
+    torch.openreg.synchronize()
+    backward = {(name, stream) for name, _, stream, *_ in launches if name in ("aten::cos", "aten::mul.Tensor")}
+    assert backward == {("aten::cos", s.stream_id), ("aten::mul.Tensor", s.stream_id)}, launches  # sin's, exp's
+    host = x.detach().cpu()
+    torch.testing.assert_close(x.grad.cpu(), host.sin().exp() * host.cos())
+    assert torch.openreg.current_stream().stream_id == 0
+
+
 def test_query_and_synchronize(gate):
     s = torch.openreg.Stream()
     assert s.query()

@@ -4,6 +4,8 @@
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include <array>
+#include <atomic>
 #include <vector>
 
 #include "bridge.h"
@@ -21,6 +23,31 @@ c10::Stream make_stream(c10::DeviceIndex index, int64_t id) {
 py::object borrow(void* event) {
   return event ? py::reinterpret_borrow<py::object>(static_cast<PyObject*>(event)) : py::none();
 }
+
+// LITERALINCLUDE START: CURRENT STREAMS
+// Each thread's current stream per device, as the runtime last told it (openreg.stream.set_current_listener:
+// every change of a thread's current stream is told on that thread). PyTorch asks for the current stream
+// at every autograd node it creates and sets a stream guard around every node the engine runs (4-5 calls a
+// backward operator): with this copy those calls reach Python only when the stream changes. -1: not known
+// yet (the runtime is asked once). Off, every call asks the runtime (OPENREG_CPP_LAUNCH=0).
+std::atomic<bool> g_streams_known{false};
+thread_local std::array<int64_t, 128> t_current = [] {
+  std::array<int64_t, 128> unknown;
+  unknown.fill(-1);
+  return unknown;
+}();
+
+void current_stream_changed(c10::DeviceIndex index, int64_t id) {
+  if (index >= 0 && static_cast<size_t>(index) < t_current.size()) t_current[index] = id;
+}
+
+int64_t* known_stream(c10::DeviceIndex index) {
+  if (!g_streams_known.load(std::memory_order_relaxed) || index < 0 ||
+      static_cast<size_t>(index) >= t_current.size())
+    return nullptr;
+  return &t_current[index];
+}
+// LITERALINCLUDE END: CURRENT STREAMS
 
 // LITERALINCLUDE START: GUARD IMPL
 struct GuardImpl final : public c10::impl::DeviceGuardImplInterface {
@@ -67,7 +94,11 @@ struct GuardImpl final : public c10::impl::DeviceGuardImplInterface {
   c10::DeviceIndex resolve(c10::Device d) const { return d.index() == -1 ? getDevice().index() : d.index(); }
   c10::Stream getStream(c10::Device d) const override {
     auto index = resolve(d);
-    return make_stream(index, call<int64_t>("current_stream", index));
+    int64_t* known = known_stream(index);
+    if (known && *known >= 0) return make_stream(index, *known);
+    int64_t id = call<int64_t>("current_stream", index);
+    if (known) *known = id;
+    return make_stream(index, id);
   }
   c10::Stream getDefaultStream(c10::Device d) const override { return make_stream(resolve(d), 0); }
   c10::Stream getStreamFromGlobalPool(c10::Device d, bool high) const override {
@@ -79,6 +110,8 @@ struct GuardImpl final : public c10::impl::DeviceGuardImplInterface {
     return make_stream(index, call<int64_t>("priority_pool_stream", index, priority));
   }
   c10::Stream exchangeStream(c10::Stream s) const override {
+    int64_t* known = known_stream(s.device_index());
+    if (known && *known == s.id()) return s; // already current: nothing changes
     return make_stream(s.device_index(), call<int64_t>("set_stream", s.device_index(), s.id()));
   }
   bool queryStream(const c10::Stream& s) const override {
@@ -130,4 +163,13 @@ C10_REGISTER_GUARD_IMPL(PrivateUse1, GuardImpl);
 // LITERALINCLUDE END: REGISTER GUARD
 
 } // namespace
+
+void bind_current_streams(py::module& m) {
+  m.def("_current_stream_changed", &current_stream_changed,
+        "the runtime tells the bridge this thread's new current stream on a device", py::arg("device"),
+        py::arg("stream_id"));
+  m.def(
+      "_know_current_streams", [](bool on) { g_streams_known.store(on); },
+      "whether the device guard answers from the streams the runtime told it (OPENREG_CPP_LAUNCH)", py::arg("on"));
+}
 } // namespace openreg

@@ -65,6 +65,30 @@ c10::OperatorHandle find_operator(const std::string& name, const std::string& ov
 
 py::object wrap(at::Tensor t) { return py::reinterpret_steal<py::object>(THPVariable_Wrap(std::move(t))); }
 
+// LITERALINCLUDE START: OWN HOST VIEWS
+// The stack's own TensorImpls over the host views' storages. A tensor the stack shared with its Python
+// wrapper would keep that wrapper alive while the launch is queued (PyTorch preserves a tensor's Python object
+// while C++ still holds its TensorImpl): thousands of queued launches then hold thousands of Python tensors,
+// which the cyclic garbage collector promotes and walks (a full collection of a test process takes 0.2 s).
+// shallow_copy_and_detach is Tensor.detach's copy: same storage, sizes, strides and conjugate/negative bits.
+at::Tensor owned(const at::Tensor& t) {
+  if (!t.defined()) return t;
+  return at::Tensor(t.unsafeGetTensorImpl()->shallow_copy_and_detach(c10::VariableVersion(0), false));
+}
+
+c10::IValue owned(c10::IValue value) {
+  if (value.isTensor()) return owned(value.toTensor());
+  if (value.isList()) {
+    auto list = value.toList(); // argumentToIValue's new list: changed in place
+    for (size_t i = 0; i < list.size(); ++i) {
+      c10::IValue item = list.get(i);
+      if (item.isTensor()) list.set(i, owned(item.toTensor()));
+    }
+  }
+  return value;
+}
+// LITERALINCLUDE END: OWN HOST VIEWS
+
 // LITERALINCLUDE START: LAUNCH RECIPE
 // Launch a planned call from _describe_call's host args, host kwargs and extents (the extents gain the fresh
 // outputs'); ``launch`` is the current stream's Stream.launch. The stack is built as createStackForSchema
@@ -90,9 +114,9 @@ py::object launch_recipe(const Recipe& r, const py::tuple& host_args, const py::
       outs.push_back(wrap(std::move(out)));
       ++fresh;
     } else if (i < host_args.size()) { // PyTorch's conversion of a Python argument (what a call from Python uses)
-      stack.push_back(torch::jit::argumentToIValue(schema, i, host_args[i]));
+      stack.push_back(owned(torch::jit::argumentToIValue(schema, i, host_args[i])));
     } else if (PyObject* value = PyDict_GetItem(host_kwargs.ptr(), r.names[i].ptr())) {
-      stack.push_back(torch::jit::argumentToIValue(schema, i, value));
+      stack.push_back(owned(torch::jit::argumentToIValue(schema, i, value)));
     } else {
       TORCH_CHECK(arguments[i].default_value().has_value(), "openreg: ", schema.name(), " misses ",
                   arguments[i].name());
