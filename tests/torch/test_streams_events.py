@@ -176,6 +176,7 @@ def test_backward_runs_on_the_forward_stream(launches):
     sets that stream around every node through the device guard."""
     s = torch.openreg.Stream()
     x = torch.randn(64, dtype=torch.float64, device="openreg", requires_grad=True)
+    s.wait_stream(torch.openreg.current_stream())  # x is made on the default stream
     with torch.openreg.stream(s):
         y = x.sin().exp()
     torch.openreg.current_stream().wait_stream(s)
