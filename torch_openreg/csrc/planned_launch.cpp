@@ -70,10 +70,11 @@ py::object wrap(at::Tensor t) { return py::reinterpret_steal<py::object>(THPVari
 // wrapper would keep that wrapper alive while the launch is queued (PyTorch preserves a tensor's Python object
 // while C++ still holds its TensorImpl): thousands of queued launches then hold thousands of Python tensors,
 // which the cyclic garbage collector promotes and walks (a full collection of a test process takes 0.2 s).
-// shallow_copy_and_detach is Tensor.detach's copy: same storage, sizes, strides and conjugate/negative bits.
+// shallow_copy_and_detach is Tensor.detach's copy: same storage, sizes, strides and conjugate/negative bits;
+// its metadata may change, as a host view's may.
 at::Tensor owned(const at::Tensor& t) {
   if (!t.defined()) return t;
-  return at::Tensor(t.unsafeGetTensorImpl()->shallow_copy_and_detach(c10::VariableVersion(0), false));
+  return at::Tensor(t.unsafeGetTensorImpl()->shallow_copy_and_detach(c10::VariableVersion(0), true));
 }
 
 c10::IValue owned(c10::IValue value) {
