@@ -243,3 +243,29 @@ def test_compressed_in_place_operators_write_their_values(layout, blocksize):
     got = s.to(DEV)
     assert got.mul_(2.5) is got
     _same(got, s.clone().mul_(2.5))
+
+
+@pytest.mark.parametrize("upper", [True, False])
+@pytest.mark.parametrize("transpose", [True, False])
+def test_bsr_triangular_solve_with_a_unit_diagonal_as_cuda(upper, transpose):
+    """CUDA solves it; the CPU's sparse kernel raises (PyTorch's test_sparse_csr skips the case for the CPU only):
+    openreg gives CUDA's answer, the dense system's solution, and NaN for a matrix without stored blocks."""
+    g = torch.Generator().manual_seed(0)
+    dense = torch.randn(6, 6, dtype=torch.float64, generator=g)
+    dense = dense.triu() if upper else dense.tril()
+    dense[2:4, 4:6] = dense[4:6, 2:4] = 0  # a block left unstored
+    a, b = dense.to_sparse_bsr((2, 2)), torch.randn(6, 3, dtype=torch.float64, generator=g)
+    with pytest.raises(RuntimeError, match="without blocksize"):
+        torch.triangular_solve(b, a, upper=upper, transpose=transpose, unitriangular=True)  # the CPU's kernel
+    expected = torch.triangular_solve(b, dense, upper=upper, transpose=transpose, unitriangular=True).solution
+    solution, cloned = torch.triangular_solve(b.to(DEV), a.to(DEV), upper=upper, transpose=transpose,
+                                              unitriangular=True)
+    torch.testing.assert_close(solution.cpu(), expected)
+    assert cloned.numel() == 0 and cloned.device.type == DEV
+    out, clone_out = torch.empty(1, dtype=torch.float64, device=DEV), torch.empty(0, dtype=torch.float64, device=DEV)
+    got = torch.triangular_solve(b.to(DEV), a.to(DEV), upper=upper, transpose=transpose, unitriangular=True,
+                                 out=(out, clone_out))
+    assert got[0] is out and got[1] is clone_out
+    torch.testing.assert_close(out.cpu(), expected)
+    empty = torch.zeros(6, 6, dtype=torch.float64).to_sparse_bsr((2, 2)).to(DEV)
+    assert torch.triangular_solve(b.to(DEV), empty, upper=upper, unitriangular=True).solution.isnan().all()

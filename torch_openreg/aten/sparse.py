@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from . import host_path
+from . import host_path, sparse_solve
 from .launch import host_view
 from .traits import OpTraits, traits_of
 
@@ -69,6 +69,8 @@ def sparse_fallback(key: str, op: torch._ops.OpOverload, *args: Any, **kwargs: A
         raise NotImplementedError(f"{name} is not supported for openreg sparse tensors: {NEVER[name]}")
     if name in STRUCTURAL[key]:
         return _redispatch(op, keyset, args, kwargs)
+    if sparse_solve.applies(name, args, kwargs):  # a case CUDA's kernel computes and the CPU's cannot
+        return sparse_solve.solve(args, kwargs)
     if not _has_kernel(name, cpu_key):
         raise NotImplementedError(
             f"{name} is not implemented for openreg sparse tensors ({key}): PyTorch has no {cpu_key} kernel "
