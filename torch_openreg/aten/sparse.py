@@ -69,8 +69,8 @@ def sparse_fallback(key: str, op: torch._ops.OpOverload, *args: Any, **kwargs: A
         raise NotImplementedError(f"{name} is not supported for openreg sparse tensors: {NEVER[name]}")
     if name in STRUCTURAL[key]:
         return _redispatch(op, keyset, args, kwargs)
-    if sparse_solve.applies(name, args, kwargs):  # a case CUDA's kernel computes and the CPU's cannot
-        return sparse_solve.solve(args, kwargs)
+    if sparse_solve.applies(op, args, kwargs):  # a case CUDA's kernel computes and the CPU's cannot
+        return sparse_solve.solve(op, args, kwargs)
     if not _has_kernel(name, cpu_key):
         raise NotImplementedError(
             f"{name} is not implemented for openreg sparse tensors ({key}): PyTorch has no {cpu_key} kernel "

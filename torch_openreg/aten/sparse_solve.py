@@ -15,25 +15,27 @@ from typing import Any
 
 import torch
 
-_NAMES = ("self", "A", "upper", "transpose", "unitriangular")
-_DEFAULTS = (None, None, True, False, False)
+from .traits import OpTraits, traits_of
+
+_OPS = ("aten::triangular_solve", "aten::triangular_solve.X")
 
 
-def applies(name: str, args: tuple, kwargs: dict) -> bool:
+def applies(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> bool:
     """Whether this call is one the CPU's sparse kernel cannot compute and CUDA's can."""
-    if name not in ("aten::triangular_solve", "aten::triangular_solve.X"):
+    if op.name() not in _OPS:
         return False
-    values = _arguments(args, kwargs)
-    return values["A"].layout == torch.sparse_bsr and bool(values["unitriangular"])
+    traits = traits_of(op)
+    return _value(traits, args, kwargs, "A").layout == torch.sparse_bsr and bool(
+        _value(traits, args, kwargs, "unitriangular"))
 
 
 # LITERALINCLUDE START: BSR UNIT TRIANGULAR SOLVE
-def solve(args: tuple, kwargs: dict) -> tuple[torch.Tensor, torch.Tensor]:
+def solve(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> tuple[torch.Tensor, torch.Tensor]:
     """``triangular_solve`` (and its ``out=`` overload) of a BSR ``A`` with a unit diagonal."""
-    values = _arguments(args, kwargs)
-    b, a = values["self"], values["A"]
-    dense, upper = a.to_dense(), bool(values["upper"])
-    if values["transpose"]:  # solve A^T x = b (a plain transpose, as triangular_solve's)
+    traits = traits_of(op)
+    b, a = _value(traits, args, kwargs, "self"), _value(traits, args, kwargs, "A")
+    dense, upper = a.to_dense(), bool(_value(traits, args, kwargs, "upper"))
+    if _value(traits, args, kwargs, "transpose"):  # solve A^T x = b (a plain transpose, as triangular_solve's)
         dense, upper = dense.mT, not upper
     solution = torch.linalg.solve_triangular(dense, b, upper=upper, unitriangular=True)
     if a._nnz() == 0:
@@ -49,8 +51,6 @@ def solve(args: tuple, kwargs: dict) -> tuple[torch.Tensor, torch.Tensor]:
 # LITERALINCLUDE END: BSR UNIT TRIANGULAR SOLVE
 
 
-def _arguments(args: tuple, kwargs: dict) -> dict[str, Any]:
-    values = dict(zip(_NAMES, _DEFAULTS))
-    values.update(zip(_NAMES, args))
-    values.update((k, v) for k, v in kwargs.items() if k in values)
-    return values
+def _value(traits: OpTraits, args: tuple, kwargs: dict, name: str) -> Any:
+    """The argument ``name`` as called, or its schema default."""
+    return traits.value(args, kwargs, traits.positions[name])
